@@ -1,0 +1,192 @@
+"""Decode throughput: our runtime vs transformers on the same GGUF, same machine, one run.
+
+Figures (all greedy, fp32 unless --dtype says otherwise):
+- batch-1 decode tok/s with a ~128-token and a ~2,000-token prompt (prefill excluded);
+- aggregate decode tok/s with 8 concurrent requests (window in which all 8 are decoding);
+- the memory-bandwidth bound: measured read bandwidth / weight bytes read per step.
+Writes ``results/<date>-<machine>/decode.json`` and ``decode.png``.
+
+Run: ``python -m benchmarks.decode`` or ``dhisparse bench decode [-- --decode-tokens 64]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.machine import machine_info, measured_read_bandwidth_bytes_per_s, results_dir, write_json
+
+
+def _prompts(tokenizer, count: int, target_len: int) -> list[list[int]]:
+    words = ["alpha", "river", "stone", "cloud", "signal", "paper", "orbit", "lantern", "maple", "copper"]
+    prompts = []
+    for r in range(count):
+        text = " ".join(f"{words[(i * 7 + r) % len(words)]}{i % 13}" for i in range(target_len * 2))
+        prompts.append(tokenizer.encode(text)[:target_len])
+    return prompts
+
+
+def bench_ours(llm, prompt: list[int], decode_tokens: int, repeats: int) -> float:
+    from dhisparse import SamplingParams
+
+    best = 0.0
+    for _ in range(repeats):
+        out = llm.generate([prompt], SamplingParams(max_tokens=decode_tokens, ignore_eos=True))[0]
+        best = max(best, out.stats["decode_tokens_per_s"])
+    return best
+
+
+def bench_ours_concurrent(llm, prompts: list[list[int]], decode_tokens: int) -> dict:
+    """Aggregate decode tok/s over the window where every request has its first token."""
+    from dhisparse import SamplingParams
+
+    first_token_s: dict[str, float] = {}
+    finish_s: dict[str, float] = {}
+    token_times: list[float] = []
+
+    def on_event(event):
+        now = time.perf_counter()
+        token_times.append(now)
+        first_token_s.setdefault(event.request_id, now)
+        if event.finished:
+            finish_s[event.request_id] = now
+
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=decode_tokens, ignore_eos=True), on_event=on_event)
+    wall = time.perf_counter() - t0
+    window_start = max(first_token_s.values())
+    window_end = min(finish_s.values())
+    in_window = sum(1 for t in token_times if window_start < t <= window_end)
+    return {
+        "aggregate_decode_tokens_per_s": in_window / (window_end - window_start),
+        "wall_tokens_per_s_incl_prefill": sum(len(o.token_ids) for o in outs) / wall,
+    }
+
+
+def bench_transformers(hf, prompts: list[list[int]], decode_tokens: int, repeats: int) -> float:
+    """Decode tok/s of ``hf.generate`` for a (left-padded) batch: (T(N) - T(1)) over N - 1 steps."""
+    batch = torch.tensor(prompts)
+    mask = torch.ones_like(batch)
+
+    def timed(n: int) -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            hf.generate(batch, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        return time.perf_counter() - t0
+
+    timed(2)
+    best = 0.0
+    for _ in range(repeats):
+        prefill = timed(1)
+        total = timed(decode_tokens)
+        best = max(best, len(prompts) * (decode_tokens - 1) / max(total - prefill, 1e-9))
+    return best
+
+
+def run(args: argparse.Namespace) -> dict:
+    from dhisparse import LLM
+    from services.decoder.model.loader import load_model
+    from services.decoder.model.model_store import resolve_model_path
+
+    torch.set_num_threads(args.threads)
+    model_path = resolve_model_path(args.model)
+    loaded = load_model(model_path)
+    llm = LLM(loaded=loaded, dtype=args.dtype, kv_cache_tokens=16384, max_num_batched_tokens=2048)
+    weight_bytes = llm.engine.model.weight_bytes_per_step
+    read_bw = measured_read_bandwidth_bytes_per_s()
+    bound = read_bw / weight_bytes
+    short, long_ = _prompts(llm.tokenizer, 1, 128)[0], _prompts(llm.tokenizer, 1, 2000)[0]
+    concurrent = _prompts(llm.tokenizer, 8, 128)
+
+    bench_ours(llm, short, 8, 1)  # warm-up
+    ours = {
+        "batch1_prompt128_tokens_per_s": bench_ours(llm, short, args.decode_tokens, args.repeats),
+        "batch1_prompt2000_tokens_per_s": bench_ours(llm, long_, args.decode_tokens, args.repeats),
+    }
+    ours.update({f"concurrent8_{k}": v for k, v in bench_ours_concurrent(llm, concurrent, args.decode_tokens).items()})
+
+    peer = {}
+    if not args.skip_transformers:
+        from transformers import AutoModelForCausalLM
+
+        hf_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+        hf = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=hf_dtype).eval()
+        peer = {
+            "batch1_prompt128_tokens_per_s": bench_transformers(hf, [short], args.decode_tokens, args.repeats),
+            "batch1_prompt2000_tokens_per_s": bench_transformers(hf, [long_], args.decode_tokens, args.repeats),
+            "concurrent8_aggregate_decode_tokens_per_s": bench_transformers(hf, concurrent, args.decode_tokens, 1),
+        }
+    ratios = {k: ours[k] / peer[k] for k in peer if k in ours and peer[k] > 0}
+    ratios["concurrent8_vs_our_batch1"] = ours["concurrent8_aggregate_decode_tokens_per_s"] / ours["batch1_prompt128_tokens_per_s"]
+    ratios["batch1_prompt128_fraction_of_bandwidth_bound"] = ours["batch1_prompt128_tokens_per_s"] / bound
+    result = {
+        "benchmark": "decode",
+        "machine": machine_info(),
+        "model": str(model_path),
+        "settings": {"dtype": args.dtype, "decode_tokens": args.decode_tokens, "repeats": args.repeats, "threads": args.threads},
+        "weight_bytes_per_step": weight_bytes,
+        "measured_read_bandwidth_gib_per_s": read_bw / 2**30,
+        "bandwidth_bound_tokens_per_s": bound,
+        "ours": ours,
+        "transformers": peer,
+        "ratios": ratios,
+        "targets": {"batch1_vs_transformers": 2.0, "concurrent8_vs_our_batch1": 4.0},
+    }
+    out_dir = Path(args.out) if args.out else results_dir()
+    write_json(out_dir / "decode.json", result)
+    _plot(result, out_dir / "decode.png")
+    return result
+
+
+def _plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install -e '.[bench]'): skipping the plot")
+        return
+    keys = [k for k in result["ours"] if k in result["transformers"]] or list(result["ours"])
+    labels = [k.replace("_tokens_per_s", "").replace("_", "\n") for k in keys]
+    xs = range(len(keys))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar([x - 0.2 for x in xs], [result["ours"][k] for k in keys], width=0.4, label="dhisparse")
+    if result["transformers"]:
+        ax.bar([x + 0.2 for x in xs], [result["transformers"].get(k, 0) for k in keys], width=0.4, label="transformers")
+    ax.axhline(result["bandwidth_bound_tokens_per_s"], color="gray", linestyle="--", label="batch-1 bandwidth bound")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"Decode throughput ({result['settings']['dtype']}, {result['machine']['cpu_count']} cores)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dhisparse bench decode", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--decode-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--out", default=None, help="output folder (default results/<date>-<machine>/)")
+    args = parser.parse_args([a for a in (argv or []) if a != "--"] if argv is not None else None)
+    result = run(args)
+    print(f"bandwidth bound {result['bandwidth_bound_tokens_per_s']:.1f} tok/s "
+          f"({result['measured_read_bandwidth_gib_per_s']:.1f} GiB/s read, {result['weight_bytes_per_step'] / 2**20:.0f} MiB/step)")
+    for key, value in result["ours"].items():
+        peer = result["transformers"].get(key)
+        peer_s = f"  transformers {peer:7.1f}  ratio {value / peer:4.2f}x" if peer else ""
+        print(f"{key:50s} ours {value:7.1f}{peer_s}")
+    for key, value in result["ratios"].items():
+        print(f"{key:50s} {value:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

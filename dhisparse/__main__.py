@@ -1,0 +1,5 @@
+import sys
+
+from dhisparse.cli import main
+
+sys.exit(main())

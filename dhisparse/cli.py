@@ -1,0 +1,104 @@
+"""The ``dhisparse`` command line: thin argument parsing over the services' own entry points."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _cmd_models_pull(args: argparse.Namespace) -> int:
+    from services.decoder.model.model_store import pull_default_model
+
+    path = pull_default_model(force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from dhisparse import LLM, SamplingParams
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=tuple(args.stop or ()),
+    )
+    fields = {"dtype": args.dtype}
+    if args.threads:
+        fields["num_threads"] = args.threads
+    llm = LLM(model=args.model, **fields)
+    streaming = not args.json and sys.stdout.isatty()
+
+    def on_event(event):
+        print(event.text_delta, end="", flush=True)
+
+    out = llm.generate(args.prompt, params, chat=args.chat, on_event=on_event if streaming else None)[0]
+    if args.json:
+        print(json.dumps({
+            "prompt_token_ids": out.prompt_token_ids,
+            "token_ids": out.token_ids,
+            "text": out.text,
+            "finish_reason": out.finish_reason,
+            "stats": out.stats,
+        }))
+    elif streaming:
+        print()
+    else:
+        print(out.text)
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.which == "decode":
+        from benchmarks.decode import main as decode_main
+
+        return decode_main(args.rest)
+    raise SystemExit(f"unknown benchmark {args.which!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dhisparse", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    models = sub.add_parser("models", help="manage model files")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    pull = models_sub.add_parser("pull", help="download the default model into the cache (idempotent)")
+    pull.add_argument("--force", action="store_true", help="download again even if cached")
+    pull.set_defaults(func=_cmd_models_pull)
+
+    gen = sub.add_parser("generate", help="generate from a prompt with the in-process engine")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--model", default=None, help=".gguf file or HF-style directory (default: SmolLM2-135M-Instruct)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument("--json", action="store_true", help="print one JSON object")
+    gen.set_defaults(func=_cmd_generate)
+
+    bench = sub.add_parser("bench", help="run a benchmark (writes JSON under results/)")
+    bench.add_argument("which", choices=["decode"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:  # invalid input and model load errors: a clear message, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The in-process engine: add requests, step, stream outputs, abort. Single-threaded: one caller
+drives ``step()``; servers feed it through a queue."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from services.decoder.config import DecoderConfig
+from services.decoder.engine.model_runner import ModelRunner
+from services.decoder.engine.request import Request, RequestStatus
+from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
+from services.decoder.engine.scheduler import Scheduler
+from services.decoder.engine.stop_checker import StopChecker
+from services.decoder.kv.hot_pool import HotPool
+from services.decoder.kv.slot_allocator import SlotAllocator
+from services.decoder.model.llama import LlamaModel
+from services.decoder.model.loader import LoadedModel, load_model
+from services.decoder.model.model_store import resolve_model_path
+
+
+@dataclass
+class TokenEvent:
+    """What one step produced for one request (streaming unit)."""
+
+    request_id: str
+    token_id: int | None  # None when the request finished without a new token (abort)
+    text_delta: str
+    finished: bool
+    finish_reason: str | None
+
+
+class Engine:
+    def __init__(self, config: DecoderConfig | None = None, loaded: LoadedModel | None = None):
+        self.config = config or DecoderConfig()
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
+        if loaded is None:
+            loaded = load_model(resolve_model_path(self.config.model), dtype=self.config.torch_dtype)
+        self.loaded = loaded
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype)
+        self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
+                                 loaded.config.max_position_embeddings)
+        mc = loaded.config
+        if self.config.num_slots * self.config.page_size < self.max_model_len:
+            raise ValueError(
+                f"the KV pool holds {self.config.num_slots * self.config.page_size} tokens, less than one "
+                f"max_model_len={self.max_model_len} sequence: raise kv_cache_tokens or lower max_model_len"
+            )
+        self.pool = HotPool(mc.num_layers, self.config.num_slots, self.config.page_size, mc.num_kv_heads,
+                            mc.head_dim, self.config.torch_dtype)
+        self.allocator = SlotAllocator(self.config.num_slots)
+        self.scheduler = Scheduler(self.allocator, self.config.page_size, self.config.max_num_seqs,
+                                   self.config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, self.pool)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
+        """Validates and queues a request. Raises ``InvalidRequestError`` and changes nothing on bad input."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params must be a SamplingParams")
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise InvalidRequestError("prompt is empty")
+        if any(not 0 <= t < self.model_config.vocab_size for t in prompt_ids):
+            raise InvalidRequestError(f"prompt has token ids outside [0, {self.model_config.vocab_size})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt_ids)} tokens; the model context is {self.max_model_len} "
+                "(prompt plus at least one generated token must fit)"
+            )
+        pages_needed = -(-(len(prompt_ids) + 1) // self.config.page_size)
+        if pages_needed > self.config.num_slots:
+            raise InvalidRequestError(
+                f"prompt needs {pages_needed} pages but the KV pool has {self.config.num_slots} "
+                f"(kv_cache_tokens={self.config.kv_cache_tokens})"
+            )
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        stop_checker = StopChecker(self.tokenizer, params, self.model_config.eos_token_ids)
+        request = Request(request_id, prompt_ids, params, stop_checker, self.max_model_len)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Cancels a request, freeing every slot it holds. Returns False if it is unknown or done."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return False
+        self._finish(request, "abort")
+        return True
+
+    def pop_finished(self, request_id: str) -> Request:
+        """Removes a finished request from the engine's table and returns it."""
+        request = self.requests[request_id]
+        if not request.is_finished:
+            raise ValueError(f"request {request_id!r} is not finished")
+        return self.requests.pop(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # ---- stepping -------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        now = time.perf_counter()
+        for sched in batch:
+            if sched.request.stats.first_scheduled_s is None:
+                sched.request.stats.first_scheduled_s = now
+        sampled = self.runner.execute(batch)
+        events: list[TokenEvent] = []
+        for sched in batch:
+            request = sched.request
+            request.num_computed_tokens += sched.num_new_tokens
+            token_id = sampled.get(request.request_id)
+            if token_id is None:
+                continue
+            request.output_ids.append(token_id)
+            if request.stats.first_token_s is None:
+                request.stats.first_token_s = time.perf_counter()
+            reason = request.stop_checker.append(token_id)
+            if reason is None and request.num_tokens >= request.max_total_len:
+                reason = "length"
+            if reason is not None:
+                self._finish(request, reason)
+            delta = request.stop_checker.take_stream_delta(finished=request.is_finished)
+            events.append(TokenEvent(request.request_id, token_id, delta, request.is_finished, request.finish_reason))
+        return events
+
+    def _finish(self, request: Request, reason: str) -> None:
+        self.scheduler.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.stop_checker.finish(reason)
+        request.stats.finished_s = time.perf_counter()
+
+    def run_until_done(self, on_event: Callable[[TokenEvent], None] | None = None) -> None:
+        while self.has_unfinished():
+            for event in self.step():
+                if on_event is not None:
+                    on_event(event)
+
+    def check_integrity(self) -> bool:
+        """Slots held by live requests plus free slots partition the pool exactly."""
+        self.allocator.check_integrity()
+        held = [s for r in self.scheduler.running + list(self.scheduler.waiting) for s in r.slots]
+        assert len(held) == len(set(held)), "a slot is held by two requests"
+        assert set(held).isdisjoint(self.allocator.free_slot_order()), "a held slot is also free"
+        assert len(held) + self.allocator.num_free_slots == self.allocator.num_slots, "slots leaked"
+        for request in self.requests.values():
+            if request.is_finished:
+                assert not request.slots, f"finished request {request.request_id} still holds slots"
+        return True

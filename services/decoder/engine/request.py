@@ -1,0 +1,99 @@
+"""One generation request as the engine tracks it: tokens, page table, status, output text.
+
+Token bookkeeping: ``all_ids = prompt_ids + output_ids``; the hot pool holds K/V of the first
+``num_computed_tokens`` of them. A step computes ``all_ids[num_computed_tokens:...]`` and, when
+it reaches the end of ``all_ids``, samples one new token. Preemption resets
+``num_computed_tokens`` to 0 (recompute) and never drops an output token.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from services.decoder.engine.sampling_params import SamplingParams
+from services.decoder.engine.stop_checker import StopChecker
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestStats:
+    arrival_s: float = field(default_factory=time.perf_counter)
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    num_preemptions: int = 0
+
+    def as_dict(self, num_output_tokens: int) -> dict:
+        prefill_s = (self.first_token_s - self.first_scheduled_s) if self.first_token_s and self.first_scheduled_s else 0.0
+        decode_s = (self.finished_s - self.first_token_s) if self.finished_s and self.first_token_s else 0.0
+        decode_tokens = max(num_output_tokens - 1, 0)
+        return {
+            "queue_s": (self.first_scheduled_s - self.arrival_s) if self.first_scheduled_s else 0.0,
+            "prefill_s": prefill_s,
+            "decode_s": decode_s,
+            "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
+            "num_preemptions": self.num_preemptions,
+        }
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        stop_checker: StopChecker,
+        max_model_len: int,
+    ):
+        self.request_id = request_id
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.stop_checker = stop_checker
+        self.max_total_len = min(max_model_len, len(prompt_ids) + params.max_tokens)
+        self.slots: list[int] = []  # page table: logical page -> hot-pool slot
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stats = RequestStats()
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens whose K/V is not in the pool yet."""
+        return self.num_tokens - self.num_computed_tokens
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        prompt_len = len(self.prompt_ids)
+        if end <= prompt_len:
+            return self.prompt_ids[start:end]
+        if start >= prompt_len:
+            return self.output_ids[start - prompt_len : end - prompt_len]
+        return self.prompt_ids[start:] + self.output_ids[: end - prompt_len]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def text(self) -> str:
+        return self.stop_checker.text

@@ -1,0 +1,104 @@
+"""Continuous-batching scheduler with chunked prefill and recompute preemption.
+
+Each step: running requests first (a decoding request needs 1 token, a prefilling one a chunk),
+then waiting requests in arrival order while the token budget, the sequence limit and free
+slots allow. A running request that cannot get a slot preempts the most recently admitted
+running request (its slots are freed, its tokens kept, it is recomputed later).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from services.decoder.engine.request import Request, RequestStatus
+from services.decoder.kv.slot_allocator import OutOfSlotsError, SlotAllocator
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the request's tokens, so it samples one."""
+        return self.request.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+class Scheduler:
+    def __init__(self, allocator: SlotAllocator, page_size: int, max_num_seqs: int, max_num_batched_tokens: int):
+        self.allocator = allocator
+        self.page_size = page_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def _ensure_slots(self, request: Request, num_tokens: int) -> bool:
+        """Gives ``request`` enough slots to hold ``num_tokens`` tokens. Mutates: allocator, request.slots."""
+        needed = -(-num_tokens // self.page_size) - len(request.slots)
+        if needed <= 0:
+            return True
+        try:
+            request.slots.extend(self.allocator.allocate(needed))
+        except OutOfSlotsError:
+            return False
+        return True
+
+    def release(self, request: Request) -> None:
+        """Frees every slot of ``request``. Mutates: allocator, request.slots."""
+        self.allocator.free(request.slots)
+        request.slots = []
+
+    def _preempt(self, victim: Request) -> None:
+        self.running.remove(victim)
+        self.release(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.WAITING
+        victim.stats.num_preemptions += 1
+        self.waiting.appendleft(victim)
+
+    def remove(self, request: Request) -> None:
+        """Takes a finished or aborted request out of the queues and frees its slots."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.release(request)
+
+    def schedule(self) -> list[ScheduledRequest]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_pending_tokens, budget)
+            while not self._ensure_slots(request, request.num_computed_tokens + num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                break  # preempted itself: nothing later in the list can run either
+            scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+            index += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            num_new = min(request.num_pending_tokens, budget)
+            if not self._ensure_slots(request, request.num_computed_tokens + num_new):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+        return scheduled

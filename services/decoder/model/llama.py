@@ -1,0 +1,122 @@
+"""Our own llama-family transformer (Llama 2/3, SmolLM2, Mistral, Qwen2/2.5 with qkv bias,
+Qwen3 with per-head q/k norm): RMSNorm, RoPE, GQA, SwiGLU, tied or untied embeddings.
+
+K/V never live in a per-request tensor: each layer writes and reads the engine's paged hot pool
+through ``PagedAttention`` and the step's ``AttentionMetadata``. Projections are fused at load
+time (q|k|v and gate|up) so that one decode step issues few, large matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from services.decoder.model.attention import AttentionMetadata, PagedAttention
+from services.decoder.model.config import ModelConfig
+from services.decoder.model.rope import RotaryEmbedding
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [hidden]
+    qkv: torch.Tensor  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None  # [(num_heads + 2 * num_kv_heads) * head_dim]
+    q_norm: torch.Tensor | None  # [head_dim]
+    k_norm: torch.Tensor | None  # [head_dim]
+    o_proj: torch.Tensor  # [hidden, num_heads * head_dim]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor  # [hidden, intermediate]
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32):
+        self.config = config
+        self.dtype = dtype
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(dtype).contiguous()
+
+        self.embed_tokens = w("model.embed_tokens.weight")  # [vocab, hidden]
+        self.lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")
+        self.final_norm = w("model.norm.weight")
+        self.layers: list[LayerWeights] = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            qkv_names = [p + f"self_attn.{x}_proj" for x in ("q", "k", "v")]
+            bias = None
+            if config.attention_bias:
+                bias = torch.cat([weights[n + ".bias"] for n in qkv_names]).to(dtype).contiguous()
+            self.layers.append(
+                LayerWeights(
+                    input_norm=w(p + "input_layernorm.weight"),
+                    qkv=torch.cat([weights[n + ".weight"] for n in qkv_names]).to(dtype).contiguous(),
+                    qkv_bias=bias,
+                    q_norm=w(p + "self_attn.q_norm.weight") if config.qk_norm else None,
+                    k_norm=w(p + "self_attn.k_norm.weight") if config.qk_norm else None,
+                    o_proj=w(p + "self_attn.o_proj.weight"),
+                    post_norm=w(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
+                    .to(dtype)
+                    .contiguous(),
+                    down=w(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.rope = RotaryEmbedding(config, dtype)
+        self.scale = config.head_dim**-0.5
+
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """Bytes of weights one decode step reads (every matrix once; one embedding row ignored)."""
+        total = sum(t.numel() * t.element_size() for layer in self.layers for t in vars(layer).values() if t is not None)
+        total += self.lm_head.numel() * self.lm_head.element_size() + self.final_norm.numel() * self.final_norm.element_size()
+        return total
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        attention: PagedAttention,
+        logit_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``input_ids: [num_tokens]`` -> logits ``[len(logit_rows), vocab]`` in fp32 (all rows
+        when ``logit_rows`` is None). K/V of every token are written into the pool."""
+        cfg = self.config
+        num_heads, num_kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        eps = cfg.rms_norm_eps
+        num_tokens = input_ids.shape[0]
+        hidden = self.embed_tokens[input_ids]  # [num_tokens, hidden]
+        positions = meta.positions
+        q_width = num_heads * head_dim
+        kv_width = num_kv_heads * head_dim
+        for layer_idx, layer in enumerate(self.layers):
+            h = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [num_tokens, (H + 2 * KVH) * head_dim]
+            if layer.q_norm is not None:
+                q = F.rms_norm(qkv[:, :q_width].reshape(num_tokens, num_heads, head_dim), (head_dim,), layer.q_norm, eps)
+                k = F.rms_norm(
+                    qkv[:, q_width : q_width + kv_width].reshape(num_tokens, num_kv_heads, head_dim),
+                    (head_dim,),
+                    layer.k_norm,
+                    eps,
+                )
+                self.rope.apply_(q, positions)
+                self.rope.apply_(k, positions)
+            else:
+                qk = qkv[:, : q_width + kv_width].view(num_tokens, num_heads + num_kv_heads, head_dim)
+                self.rope.apply_(qk, positions)
+                q = qk[:, :num_heads]
+                k = qk[:, num_heads:]
+            v = qkv[:, q_width + kv_width :].view(num_tokens, num_kv_heads, head_dim)
+            attn = attention.forward(layer_idx, q, k, v, meta)  # [num_tokens, H * head_dim]
+            hidden = hidden + F.linear(attn, layer.o_proj)
+            h = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+        if logit_rows is not None:
+            hidden = hidden[logit_rows]
+        hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, eps)
+        return F.linear(hidden, self.lm_head).float()
