@@ -1,0 +1,142 @@
+"""Torch reference for page selection (oracle and CPU serving path).
+
+Split into three pieces that the Triton path reuses except for the scoring:
+``candidate_bounds`` (where sink, candidates and recent window lie), ``page_scores`` (the Quest
+upper bound of every candidate page; the Triton path has its own kernel for this) and
+``select_from_scores`` (deterministic top-k and assembly of the sorted union).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.memory_budget import rows_per_chunk
+
+
+def candidate_bounds(
+    token_pos: torch.Tensor, *, sink_pages: int, recent_pages: int, page_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Page ranges of each token; all outputs [num_tokens] int64.
+
+    Returns ``(sink_end, recent_start, cur)``: sink = ``[0, sink_end)``, candidates =
+    ``[sink_end, recent_start)``, recent window = ``[recent_start, cur]``.
+    """
+    cur = token_pos.long() // page_size
+    recent_start = (cur - recent_pages + 1).clamp(min=0)
+    sink_end = recent_start.clamp(max=sink_pages)
+    return sink_end, recent_start, cur
+
+
+def page_scores(
+    q: torch.Tensor,
+    digest_min: torch.Tensor,
+    digest_max: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    *,
+    sink_pages: int,
+    recent_pages: int,
+    page_size: int,
+) -> torch.Tensor:
+    """Quest upper bound of every candidate page; -inf elsewhere.
+
+    q: [num_tokens, num_heads, head_dim]; digest_min/max: [batch, max_pages, num_kv_heads,
+    head_dim]; token_req, token_pos: [num_tokens]. Returns [num_tokens, max_pages] fp32.
+
+    Since ``digest_min <= digest_max``, ``max(q*min, q*max) = relu(q)*max + min(q, 0)*min``, so
+    summing over a GQA group first gives ``sum_{kv,d} (sum_g relu(q))*max + (sum_g min(q,0))*min``.
+    Each score is an independent reduction over ``num_kv_heads*head_dim`` products, so a token's
+    scores do not depend on the other tokens of the batch. Only candidate rows of the digests
+    are used: garbage (even NaN) beyond a request's sealed pages never reaches a score.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    _, max_pages, num_kv_heads, _ = digest_min.shape
+    group = num_heads // num_kv_heads
+    sink_end, recent_start, _ = candidate_bounds(
+        token_pos, sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size
+    )
+    scores = torch.full((num_tokens, max_pages), float("-inf"), dtype=torch.float32, device=q.device)
+    # no candidate lies beyond the furthest recent-window start
+    used_pages = min(int(recent_start.max()), max_pages) if num_tokens else 0
+    if used_pages == 0:
+        return scores
+    q_f32 = q.float().view(num_tokens, num_kv_heads, group, head_dim)
+    q_pos = q_f32.clamp(min=0).sum(2).view(num_tokens, 1, num_kv_heads * head_dim)
+    q_neg = q_f32.clamp(max=0).sum(2).view(num_tokens, 1, num_kv_heads * head_dim)
+    page_ids = torch.arange(used_pages, device=q.device)  # [used_pages]
+    # gathered min+max in the digest dtype plus their fp32 copies
+    bytes_per_token = used_pages * num_kv_heads * head_dim * 2 * (4 + digest_min.element_size())
+    chunk = rows_per_chunk(bytes_per_token)
+    for start in range(0, num_tokens, chunk):
+        rows = slice(start, start + chunk)
+        req = token_req[rows].long()
+        flat = (req.numel(), used_pages, num_kv_heads * head_dim)
+        d_max = digest_max[req, :used_pages].float().reshape(flat)  # [c, used_pages, kvh*hd]
+        d_min = digest_min[req, :used_pages].float().reshape(flat)
+        bound = d_max.mul_(q_pos[rows]).add_(d_min.mul_(q_neg[rows])).sum(-1)  # [c, used_pages]
+        cand = (page_ids >= sink_end[rows, None]) & (page_ids < recent_start[rows, None])
+        scores[rows, :used_pages] = torch.where(cand, bound, float("-inf"))
+    return scores
+
+
+def select_from_scores(
+    scores: torch.Tensor,
+    token_pos: torch.Tensor,
+    *,
+    top_k_pages: int,
+    sink_pages: int,
+    recent_pages: int,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k candidates by score, then the sorted union sink + top-k + recent.
+
+    scores: [num_tokens, max_pages] fp32, -inf off the candidate range (candidate scores must be
+    finite). Ties are broken towards the lower page index: a stable descending sort keeps equal
+    scores in page order. Returns ``selected_pages`` [num_tokens, sink_pages + top_k_pages +
+    recent_pages] int32 (ascending, -1 padded at the end) and ``num_selected`` [num_tokens] int32.
+    """
+    num_tokens, max_pages = scores.shape
+    device = scores.device
+    sink_end, recent_start, cur = candidate_bounds(
+        token_pos, sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size
+    )
+    num_top = (recent_start - sink_end).clamp(max=top_k_pages)  # [num_tokens]
+    k = min(top_k_pages, max_pages)
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]  # [T, k]
+    sentinel = torch.iinfo(torch.int64).max
+    col_k = torch.arange(k, device=device)
+    top = torch.where(col_k < num_top[:, None], order, sentinel)
+    top = torch.sort(top, dim=1).values  # [T, k] chosen pages ascending, sentinel after
+    top = torch.cat([top, torch.full((num_tokens, 1), -1, dtype=torch.int64, device=device)], 1)
+
+    width = sink_pages + top_k_pages + recent_pages
+    col = torch.arange(width, device=device)[None, :]  # [1, width]
+    num_sink = sink_end[:, None]
+    top_end = num_sink + num_top[:, None]
+    sel_end = top_end + (cur - recent_start + 1)[:, None]
+    top_part = top.gather(1, (col - num_sink).clamp(min=0, max=k))
+    recent_part = recent_start[:, None] + (col - top_end)
+    selected = torch.where(
+        col < num_sink,
+        col,
+        torch.where(col < top_end, top_part, torch.where(col < sel_end, recent_part, -1)),
+    )
+    return selected.to(torch.int32), sel_end[:, 0].to(torch.int32)
+
+
+def page_select(
+    q: torch.Tensor,
+    digest_min: torch.Tensor,
+    digest_max: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    *,
+    top_k_pages: int,
+    sink_pages: int,
+    recent_pages: int,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference selection; contract in ``kernels.page_select.api.page_select``."""
+    bounds = dict(sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size)
+    scores = page_scores(q, digest_min, digest_max, token_req, token_pos, **bounds)
+    return select_from_scores(scores, token_pos, top_k_pages=top_k_pages, **bounds)

@@ -1,0 +1,120 @@
+"""Triton page selection: Triton scoring, then the reference's deterministic top-k.
+
+Split:
+1. ``_page_score_kernel`` (Triton), one program per (token, block of ``BLOCK_P`` pages), writes
+   the Quest bound of each candidate page into ``scores [num_tokens, max_pages]`` fp32 and -inf
+   elsewhere. Blocks with no candidate skip all loads; candidate masks keep garbage digest rows
+   beyond the token's recent window from ever being loaded.
+2. ``reference.select_from_scores`` (torch, on the scores' device): stable descending sort, so
+   ties go to the lower page index exactly as in the reference, then the sorted union.
+Scores of the kernel and the reference agree to fp32 rounding (different summation order); with
+integer-valued inputs they are bit-identical, which the tests use to check tie-breaking.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.page_select import reference
+
+
+@triton.jit
+def _page_score_kernel(
+    q_ptr, min_ptr, max_ptr, req_ptr, pos_ptr, score_ptr,
+    max_pages, num_kv_heads, head_dim, group, page_size, sink_pages, recent_pages,
+    stride_qt, stride_qh, stride_qd,
+    stride_nb, stride_np, stride_nh, stride_nd,
+    stride_xb, stride_xp, stride_xh, stride_xd,
+    stride_st,
+    BLOCK_P: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tok = tl.program_id(0)
+    block_start = tl.program_id(1) * BLOCK_P
+    req = tl.load(req_ptr + tok).to(tl.int64)
+    cur = tl.load(pos_ptr + tok).to(tl.int64) // page_size
+    recent_start = tl.maximum(cur - recent_pages + 1, 0)
+    sink_end = tl.minimum(recent_start, sink_pages)
+    offs_p = block_start + tl.arange(0, BLOCK_P)  # [BLOCK_P] logical pages
+    cand = (offs_p >= sink_end) & (offs_p < recent_start)
+    acc = tl.zeros((BLOCK_P,), dtype=tl.float32)
+    if (block_start < recent_start) & (block_start + BLOCK_P > sink_end):
+        offs_g = tl.arange(0, BLOCK_G)
+        for kv in range(0, num_kv_heads):
+            for d0 in range(0, head_dim, BLOCK_D):
+                offs_d = d0 + tl.arange(0, BLOCK_D)
+                mask_d = offs_d < head_dim
+                heads = kv * group + offs_g
+                q_tile = tl.load(
+                    q_ptr + tok * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                    mask=(offs_g[:, None] < group) & mask_d[None, :], other=0.0,
+                ).to(tl.float32)  # [BLOCK_G, BLOCK_D]
+                q_pos = tl.sum(tl.maximum(q_tile, 0.0), axis=0)  # [BLOCK_D]
+                q_neg = tl.sum(tl.minimum(q_tile, 0.0), axis=0)
+                mask = cand[:, None] & mask_d[None, :]
+                d_min = tl.load(
+                    min_ptr + req * stride_nb + offs_p[:, None].to(tl.int64) * stride_np
+                    + kv * stride_nh + offs_d[None, :] * stride_nd,
+                    mask=mask, other=0.0,
+                ).to(tl.float32)  # [BLOCK_P, BLOCK_D]
+                d_max = tl.load(
+                    max_ptr + req * stride_xb + offs_p[:, None].to(tl.int64) * stride_xp
+                    + kv * stride_xh + offs_d[None, :] * stride_xd,
+                    mask=mask, other=0.0,
+                ).to(tl.float32)
+                acc += tl.sum(d_max * q_pos[None, :] + d_min * q_neg[None, :], axis=1)
+    out = tl.where(cand, acc, float("-inf"))
+    tl.store(score_ptr + tok * stride_st + offs_p, out, mask=offs_p < max_pages)
+
+
+def page_scores(
+    q: torch.Tensor,
+    digest_min: torch.Tensor,
+    digest_max: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    *,
+    sink_pages: int,
+    recent_pages: int,
+    page_size: int,
+    block_pages: int = 64,
+) -> torch.Tensor:
+    """Triton scores, same contract as ``reference.page_scores``: [num_tokens, max_pages] fp32."""
+    num_tokens, num_heads, head_dim = q.shape
+    _, max_pages, num_kv_heads, _ = digest_min.shape
+    group = num_heads // num_kv_heads
+    scores = torch.empty((num_tokens, max_pages), dtype=torch.float32, device=q.device)
+    if num_tokens == 0 or max_pages == 0:
+        return scores
+    grid = (num_tokens, triton.cdiv(max_pages, block_pages))
+    _page_score_kernel[grid](
+        q, digest_min, digest_max, token_req.contiguous(), token_pos.contiguous(), scores,
+        max_pages, num_kv_heads, head_dim, group, page_size, sink_pages, recent_pages,
+        *q.stride(), *digest_min.stride(), *digest_max.stride(), scores.stride(0),
+        BLOCK_P=block_pages,
+        BLOCK_G=triton.next_power_of_2(group),
+        BLOCK_D=min(128, triton.next_power_of_2(head_dim)),
+    )
+    return scores
+
+
+def page_select(
+    q: torch.Tensor,
+    digest_min: torch.Tensor,
+    digest_max: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    *,
+    top_k_pages: int,
+    sink_pages: int,
+    recent_pages: int,
+    page_size: int,
+    block_pages: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton-scored selection; contract in ``kernels.page_select.api.page_select``."""
+    bounds = dict(sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size)
+    scores = page_scores(
+        q, digest_min, digest_max, token_req, token_pos, block_pages=block_pages, **bounds
+    )
+    return reference.select_from_scores(scores, token_pos, top_k_pages=top_k_pages, **bounds)
