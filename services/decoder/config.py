@@ -21,6 +21,7 @@ class DecoderConfig(BaseSettings):
     max_num_seqs: int = Field(32, gt=0)
     max_num_batched_tokens: int = Field(512, gt=0, description="tokens per engine step (prefill chunk budget)")
     max_model_len: int | None = Field(None, gt=0, description="default: the model's context length")
+    packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None = torch default")
 
     @property

@@ -44,7 +44,7 @@ class Engine:
         self.loaded = loaded
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype)
+        self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.packed_gemm)
         self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
                                  loaded.config.max_position_embeddings)
         mc = loaded.config

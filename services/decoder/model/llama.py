@@ -15,24 +15,36 @@ import torch.nn.functional as F
 
 from services.decoder.model.attention import AttentionMetadata, PagedAttention
 from services.decoder.model.config import ModelConfig
+from services.decoder.model.linear import Linear
 from services.decoder.model.rope import RotaryEmbedding
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [hidden]
-    qkv: torch.Tensor  # [(num_heads + 2 * num_kv_heads) * head_dim, hidden]
-    qkv_bias: torch.Tensor | None  # [(num_heads + 2 * num_kv_heads) * head_dim]
+    qkv: Linear  # weight [(num_heads + 2 * num_kv_heads) * head_dim, hidden], bias only for Qwen2
     q_norm: torch.Tensor | None  # [head_dim]
     k_norm: torch.Tensor | None  # [head_dim]
-    o_proj: torch.Tensor  # [hidden, num_heads * head_dim]
+    o_proj: Linear  # [hidden, num_heads * head_dim]
     post_norm: torch.Tensor  # [hidden]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear  # [hidden, intermediate]
+
+    @property
+    def weight_bytes(self) -> int:
+        norms = [self.input_norm, self.post_norm, self.q_norm, self.k_norm]
+        total = sum(t.numel() * t.element_size() for t in norms if t is not None)
+        return total + sum(lin.weight_bytes for lin in (self.qkv, self.o_proj, self.gate_up, self.down))
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        packed_gemm: bool = True,
+    ):
         self.config = config
         self.dtype = dtype
 
@@ -40,7 +52,8 @@ class LlamaModel:
             return weights[name].to(dtype).contiguous()
 
         self.embed_tokens = w("model.embed_tokens.weight")  # [vocab, hidden]
-        self.lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")
+        lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")
+        self.lm_head = Linear(lm_head, packed_gemm=packed_gemm)
         self.final_norm = w("model.norm.weight")
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
@@ -52,16 +65,20 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
-                    qkv=torch.cat([weights[n + ".weight"] for n in qkv_names]).to(dtype).contiguous(),
-                    qkv_bias=bias,
+                    qkv=Linear(
+                        torch.cat([weights[n + ".weight"] for n in qkv_names]).to(dtype).contiguous(), bias, packed_gemm
+                    ),
                     q_norm=w(p + "self_attn.q_norm.weight") if config.qk_norm else None,
                     k_norm=w(p + "self_attn.k_norm.weight") if config.qk_norm else None,
-                    o_proj=w(p + "self_attn.o_proj.weight"),
+                    o_proj=Linear(w(p + "self_attn.o_proj.weight"), packed_gemm=packed_gemm),
                     post_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
-                    .to(dtype)
-                    .contiguous(),
-                    down=w(p + "mlp.down_proj.weight"),
+                    gate_up=Linear(
+                        torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
+                        .to(dtype)
+                        .contiguous(),
+                        packed_gemm=packed_gemm,
+                    ),
+                    down=Linear(w(p + "mlp.down_proj.weight"), packed_gemm=packed_gemm),
                 )
             )
         self.rope = RotaryEmbedding(config, dtype)
@@ -70,9 +87,8 @@ class LlamaModel:
     @property
     def weight_bytes_per_step(self) -> int:
         """Bytes of weights one decode step reads (every matrix once; one embedding row ignored)."""
-        total = sum(t.numel() * t.element_size() for layer in self.layers for t in vars(layer).values() if t is not None)
-        total += self.lm_head.numel() * self.lm_head.element_size() + self.final_norm.numel() * self.final_norm.element_size()
-        return total
+        total = sum(layer.weight_bytes for layer in self.layers) + self.lm_head.weight_bytes
+        return total + self.final_norm.numel() * self.final_norm.element_size()
 
     @torch.inference_mode()
     def forward(
@@ -94,7 +110,7 @@ class LlamaModel:
         kv_width = num_kv_heads * head_dim
         for layer_idx, layer in enumerate(self.layers):
             h = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)  # [num_tokens, (H + 2 * KVH) * head_dim]
+            qkv = layer.qkv(h)  # [num_tokens, (H + 2 * KVH) * head_dim]
             if layer.q_norm is not None:
                 q = F.rms_norm(qkv[:, :q_width].reshape(num_tokens, num_heads, head_dim), (head_dim,), layer.q_norm, eps)
                 k = F.rms_norm(
@@ -112,11 +128,11 @@ class LlamaModel:
                 k = qk[:, num_heads:]
             v = qkv[:, q_width + kv_width :].view(num_tokens, num_kv_heads, head_dim)
             attn = attention.forward(layer_idx, q, k, v, meta)  # [num_tokens, H * head_dim]
-            hidden = hidden + F.linear(attn, layer.o_proj)
+            hidden = hidden + layer.o_proj(attn)
             h = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         if logit_rows is not None:
             hidden = hidden[logit_rows]
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, eps)
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
