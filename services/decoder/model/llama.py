@@ -104,7 +104,7 @@ class LlamaModel:
         num_heads, num_kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
         num_tokens = input_ids.shape[0]
-        hidden = self.embed_tokens[input_ids]  # [num_tokens, hidden]
+        hidden = torch.index_select(self.embed_tokens, 0, input_ids)  # [num_tokens, hidden]
         positions = meta.positions
         q_width = num_heads * head_dim
         kv_width = num_kv_heads * head_dim
@@ -133,6 +133,6 @@ class LlamaModel:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             hidden = hidden + layer.down(F.silu(gate) * up)
         if logit_rows is not None:
-            hidden = hidden[logit_rows]
+            hidden = torch.index_select(hidden, 0, logit_rows)
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, eps)
         return self.lm_head(hidden).float()

@@ -79,8 +79,8 @@ class RotaryEmbedding:
 
     def apply_(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotates ``x: [num_tokens, num_heads, head_dim]`` in place by ``positions: [num_tokens]``."""
-        cos = self.cos[positions].unsqueeze(1)  # [num_tokens, 1, head_dim // 2]
-        sin = self.sin[positions].unsqueeze(1)
+        cos = torch.index_select(self.cos, 0, positions).unsqueeze(1)  # [num_tokens, 1, head_dim // 2]
+        sin = torch.index_select(self.sin, 0, positions).unsqueeze(1)
         half = x.shape[-1] // 2
         x1 = x[..., :half]
         x2 = x[..., half:]
