@@ -50,17 +50,13 @@ def sparse_paged_attention(
         key_pos = token_pages[rows].long()[:, :, None] * page_size + in_page  # [c, max_sel, page_size]
         visible = (slots[:, :, None] >= 0) & (key_pos <= token_pos[rows].long()[:, None, None])
         hidden = ~visible.view(count, 1, num_keys)
-        q_f32 = q[rows].float().view(count, num_kv_heads, group, head_dim) * scale
-        ctx = torch.empty((count, num_kv_heads, group, head_dim), dtype=torch.float32, device=q.device)
-        for kv in range(num_kv_heads):
-            # strided per-head views go to BLAS as they are: no transposed copy of the gather
-            scores = torch.bmm(q_f32[:, kv], keys[:, :, kv].transpose(1, 2))  # [c, group, num_keys]
-            scores.masked_fill_(hidden, float("-inf"))
-            row_max = scores.amax(dim=-1, keepdim=True)
-            row_max = torch.where(torch.isinf(row_max), 0.0, row_max)  # all hidden: exp(-inf) = 0
-            probs = torch.exp_(scores.sub_(row_max))
-            denom = probs.sum(dim=-1, keepdim=True)
-            torch.bmm(probs, values[:, :, kv], out=ctx[:, kv])  # [c, group, head_dim]
-            ctx[:, kv] /= torch.where(denom > 0, denom, 1.0)
+        # grouped GQA: each kv head serves its group of query heads (h = kv * group + g)
+        q_grouped = q[rows].float().view(count, num_kv_heads, group, head_dim)
+        scores = torch.matmul(q_grouped, keys.transpose(1, 2).transpose(-1, -2)) * scale  # [c, KVH, group, num_keys]
+        scores.masked_fill_(hidden.view(count, 1, 1, num_keys), float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        ctx = torch.matmul(probs, values.transpose(1, 2))  # [c, KVH, group, head_dim]
+        any_visible = visible.view(count, num_keys).any(dim=-1)
+        ctx = torch.where(any_visible[:, None, None, None], ctx, 0.0)  # no visible key: zeros, not NaN
         out[rows] = ctx.view(count, num_heads, head_dim).to(q.dtype)
     return out

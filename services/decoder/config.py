@@ -21,12 +21,22 @@ class DecoderConfig(BaseSettings):
     max_num_seqs: int = Field(32, gt=0)
     max_num_batched_tokens: int = Field(512, gt=0, description="tokens per engine step (prefill chunk budget)")
     max_model_len: int | None = Field(None, gt=0, description="default: the model's context length")
+    attention: Literal["dense", "sparse"] = Field(
+        "dense", description="sparse: decode tokens attend over sink + top-k + recent pages"
+    )
+    top_k_tokens: int = Field(2048, ge=0, description="sparse top-k budget in tokens, rounded up to pages")
+    sink_pages: int = Field(1, ge=0)
+    recent_pages: int = Field(4, ge=1, description="recent window in pages, including the unsealed tail")
     packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None = torch default")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def top_k_pages(self) -> int:
+        return -(-self.top_k_tokens // self.page_size)
 
     @property
     def num_slots(self) -> int:

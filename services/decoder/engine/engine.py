@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from services.decoder.config import DecoderConfig
+from services.decoder.engine.host_allocator import keep_freed_memory_in_heap
 from services.decoder.engine.model_runner import ModelRunner
 from services.decoder.engine.request import Request, RequestStatus
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -18,6 +19,7 @@ from services.decoder.engine.scheduler import Scheduler
 from services.decoder.engine.stop_checker import StopChecker
 from services.decoder.kv.hot_pool import HotPool
 from services.decoder.kv.slot_allocator import SlotAllocator
+from services.decoder.model.attention import SparseParams
 from services.decoder.model.llama import LlamaModel
 from services.decoder.model.loader import LoadedModel, load_model
 from services.decoder.model.model_store import resolve_model_path
@@ -39,6 +41,7 @@ class Engine:
         self.config = config or DecoderConfig()
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
+        keep_freed_memory_in_heap()
         if loaded is None:
             loaded = load_model(resolve_model_path(self.config.model), dtype=self.config.torch_dtype)
         self.loaded = loaded
@@ -58,7 +61,10 @@ class Engine:
         self.allocator = SlotAllocator(self.config.num_slots)
         self.scheduler = Scheduler(self.allocator, self.config.page_size, self.config.max_num_seqs,
                                    self.config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.pool)
+        sparse = None
+        if self.config.attention == "sparse":
+            sparse = SparseParams(self.config.top_k_pages, self.config.sink_pages, self.config.recent_pages)
+        self.runner = ModelRunner(self.model, self.pool, sparse)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
 

@@ -1,7 +1,8 @@
 """Turns a scheduled batch into one model forward and samples the next tokens.
 
-Token order in the step: single-token requests first (one padded decode group), then each
-multi-token request (a prefill chunk) as its own group.
+Token order in the step: single-token requests first (one padded dense decode group, or with
+sparse attention page-list tokens that each attend over their own selection), then each
+multi-token request (a prefill chunk, always dense) as its own group. With sparse attention, pages whose last row is written in a step are digested in it.
 """
 
 from __future__ import annotations
@@ -10,17 +11,29 @@ import torch
 
 from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.kv.hot_pool import HotPool
-from services.decoder.model.attention import AttentionMetadata, PagedAttention, build_group
+from services.decoder.kv.digest_pool import DigestPool
+from services.decoder.model.attention import (
+    AttentionMetadata,
+    PagedAttention,
+    SparseParams,
+    PageListTokens,
+    build_group,
+)
 from services.decoder.model.llama import LlamaModel
 from services.decoder.model.sampler import sample_next
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, pool: HotPool):
+    def __init__(self, model: LlamaModel, pool: HotPool, sparse: SparseParams | None = None):
         self.model = model
         self.pool = pool
         self.page_size = pool.page_size
-        self.attention = PagedAttention(pool, model.config.num_heads, model.scale)
+        self.sparse = sparse
+        cfg = model.config
+        digests = None
+        if sparse is not None:
+            digests = DigestPool(cfg.num_layers, pool.num_slots, cfg.num_kv_heads, cfg.head_dim, pool.dtype)
+        self.attention = PagedAttention(pool, cfg.num_heads, model.scale, sparse, digests)
 
     def build_inputs(self, batch: list[ScheduledRequest]) -> tuple[torch.Tensor, AttentionMetadata, list[ScheduledRequest]]:
         """Returns ``input_ids: [num_tokens]``, the attention metadata, and ``batch`` reordered
@@ -44,7 +57,10 @@ class ModelRunner:
             write_rows.extend(request.slots[p // page_size] * page_size + p % page_size for p in pos)
             return pos
 
-        if decodes:
+        if decodes and self.sparse is not None:
+            for sched in decodes:
+                add_tokens(sched)
+        elif decodes:
             query_positions = [add_tokens(s) for s in decodes]
             groups.append(
                 build_group(
@@ -63,8 +79,35 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.int64),
             write_rows=torch.tensor(write_rows, dtype=torch.int64),
             groups=groups,
+            page_list=self._page_list_tokens(decodes) if decodes and self.sparse is not None else None,
+            sealed_slots=self._sealed_slots(ordered) if self.sparse is not None else None,
         )
         return torch.tensor(input_ids, dtype=torch.int64), meta, ordered
+
+    def _page_list_tokens(self, decodes: list[ScheduledRequest]) -> PageListTokens:
+        """Decode tokens occupy step rows ``0 .. len(decodes) - 1``, request-major."""
+        max_pages = max(len(s.request.slots) for s in decodes)
+        tables = torch.full((len(decodes), max_pages), -1, dtype=torch.int64)
+        for row, sched in enumerate(decodes):
+            tables[row, : len(sched.request.slots)] = torch.tensor(sched.request.slots, dtype=torch.int64)
+        return PageListTokens(
+            token_rows=torch.arange(len(decodes), dtype=torch.int64),
+            token_req=torch.arange(len(decodes), dtype=torch.int64),
+            token_pos=torch.tensor([s.request.num_computed_tokens for s in decodes], dtype=torch.int64),
+            page_tables=tables,
+        )
+
+    def _sealed_slots(self, batch: list[ScheduledRequest]) -> torch.Tensor:
+        """Slots of pages whose last row (position ``(p + 1) * page_size - 1``) is written this step."""
+        page_size = self.page_size
+        sealed = []
+        for sched in batch:
+            start = sched.request.num_computed_tokens
+            end = start + sched.num_new_tokens
+            first_page = start // page_size
+            for page in range(first_page, end // page_size):
+                sealed.append(sched.request.slots[page])
+        return torch.tensor(sealed, dtype=torch.int64)
 
     def execute(self, batch: list[ScheduledRequest]) -> dict[str, int]:
         """Runs one forward over ``batch``; returns ``{request_id: sampled token}`` for every

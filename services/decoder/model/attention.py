@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import page_select, sparse_paged_attention
+from services.decoder.kv.digest_pool import DigestPool
 from services.decoder.kv.hot_pool import HotPool
 
 
@@ -33,11 +35,33 @@ class AttentionGroup:
         return self.token_start + self.num_reqs * self.num_query_tokens
 
 
+@dataclass(frozen=True)
+class SparseParams:
+    """Per-token selection budget: sink pages + top-k pages by digest bound + recent pages."""
+
+    top_k_pages: int
+    sink_pages: int
+    recent_pages: int  # >= 1: the token's own (unsealed) page is always in the window
+
+
+@dataclass
+class PageListTokens:
+    """Decode / verify tokens of this step under sparse attention: each attends over exactly its
+    own selection of its request's pages."""
+
+    token_rows: torch.Tensor  # [num_list_tokens] int64 rows into the step's token dimension
+    token_req: torch.Tensor  # [num_list_tokens] int64 row of page_tables
+    token_pos: torch.Tensor  # [num_list_tokens] int64 absolute positions
+    page_tables: torch.Tensor  # [num_list_reqs, max_pages] int64 slot of each logical page, -1 padded
+
+
 @dataclass
 class AttentionMetadata:
     positions: torch.Tensor  # [num_tokens] int64 absolute position of each query token
     write_rows: torch.Tensor  # [num_tokens] int64 pool row receiving each token's K/V
-    groups: list[AttentionGroup]
+    groups: list[AttentionGroup]  # dense: prefill chunks, and decode tokens unless sparse
+    page_list: PageListTokens | None = None
+    sealed_slots: torch.Tensor | None = None  # [num_sealed] int64 pages whose last row is written this step
 
     @property
     def num_tokens(self) -> int:
@@ -56,7 +80,9 @@ def build_group(
     tokens it holds after this step's writes."""
     num_reqs = len(query_positions)
     num_query_tokens = len(query_positions[0])
-    max_len = max(context_lens)
+    # keys padded to whole pages: the same key count the page-list (sparse) kernel sees, so that a
+    # selection covering the context reproduces these numbers exactly
+    max_len = -(-max(context_lens) // page_size) * page_size
     offsets = torch.arange(max_len, dtype=torch.int64)  # [max_len]
     read_rows = torch.zeros(num_reqs, max_len, dtype=torch.int64)
     for r in range(num_reqs):
@@ -65,7 +91,7 @@ def build_group(
         slots = torch.tensor(page_tables[r][:num_pages], dtype=torch.int64)  # [num_pages]
         rows = (slots[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:length]
         read_rows[r, :length] = rows
-    needs_mask = num_query_tokens > 1 or len(set(context_lens)) > 1
+    needs_mask = num_query_tokens > 1 or any(length != max_len for length in context_lens)
     attn_mask = None
     if needs_mask:
         q_pos = torch.tensor(query_positions, dtype=torch.int64)  # [num_reqs, num_query_tokens]
@@ -99,10 +125,24 @@ def _grouped_attention(
 class PagedAttention:
     """Dense attention over the hot pool (every page of a request is read)."""
 
-    def __init__(self, pool: HotPool, num_heads: int, scale: float):
+    def __init__(
+        self,
+        pool: HotPool,
+        num_heads: int,
+        scale: float,
+        sparse: SparseParams | None = None,
+        digests: DigestPool | None = None,
+    ):
+        if (sparse is None) != (digests is None):
+            raise ValueError("sparse attention needs both SparseParams and a DigestPool")
         self.pool = pool
         self.num_heads = num_heads
         self.scale = scale
+        self.sparse = sparse
+        self.digests = digests
+        # counters over layers x sparse tokens (read by benchmarks and stats)
+        self.num_selected_pages = 0
+        self.num_context_pages = 0
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
@@ -113,6 +153,8 @@ class PagedAttention:
         v_rows = self.pool.v_rows(layer)
         k_rows.index_copy_(0, meta.write_rows, k)
         v_rows.index_copy_(0, meta.write_rows, v)
+        if self.digests is not None and meta.sealed_slots is not None and meta.sealed_slots.numel():
+            self.digests.seal(layer, self.pool.k[layer], meta.sealed_slots, meta.sealed_slots)
         num_tokens, num_heads, head_dim = q.shape
         out = q.new_empty(num_tokens, num_heads, head_dim)
         for group in meta.groups:
@@ -131,4 +173,30 @@ class PagedAttention:
                     group_q, keys, values, attn_mask=group.attn_mask, scale=self.scale, enable_gqa=True
                 )  # [num_reqs, num_heads, num_query_tokens, head_dim]
             out[group.token_start : group.token_end] = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
+        if meta.page_list is not None:
+            out[meta.page_list.token_rows] = self._page_list_forward(layer, q, meta.page_list)
         return out.view(num_tokens, num_heads * head_dim)
+
+    def _page_list_forward(self, layer: int, q: torch.Tensor, tokens: PageListTokens) -> torch.Tensor:
+        """Each token attends over exactly its own selection. Returns ``[num_list_tokens, H, D]``.
+        The kernel's arithmetic matches ``_grouped_attention`` (same scaling, softmax and matmul
+        order), so a selection that covers the context reproduces dense decoding."""
+        page_size = self.pool.page_size
+        list_q = torch.index_select(q, 0, tokens.token_rows)  # [num_list_tokens, H, D]
+        params = self.sparse
+        # padding rows are never candidates (pages past the token's window are not read)
+        digest_min, digest_max = self.digests.gather(layer, tokens.page_tables.clamp(min=0))
+        selected, num_selected = page_select(
+            list_q, digest_min, digest_max, tokens.token_req, tokens.token_pos,
+            top_k_pages=params.top_k_pages, sink_pages=params.sink_pages, recent_pages=params.recent_pages,
+            page_size=page_size, check_indices=False,
+        )  # selected: [num_sparse_tokens, sink + top_k + recent] logical pages, -1 padded
+        selected = selected[:, : int(num_selected.max())]  # drop all-padding columns
+        slots = tokens.page_tables[tokens.token_req[:, None], selected.long().clamp(min=0)]
+        token_slots = torch.where(selected >= 0, slots, -1)
+        self.num_selected_pages += int(num_selected.sum())
+        self.num_context_pages += int((tokens.token_pos // page_size + 1).sum())
+        return sparse_paged_attention(
+            list_q, self.pool.k[layer], self.pool.v[layer], token_slots, selected, tokens.token_pos,
+            scale=self.scale, page_size=page_size, check_indices=False,
+        )

@@ -1,0 +1,69 @@
+"""Sparse attention inside the engine, on real weights."""
+
+import pytest
+import torch
+
+from dhisparse import LLM, SamplingParams
+from tests.decoder.prompts import SHORT_PROMPTS, long_document
+
+
+def capture_logits(llm: LLM) -> list[torch.Tensor]:
+    """Records the logits of every forward the engine runs."""
+    captured: list[torch.Tensor] = []
+    forward = llm.engine.model.forward
+
+    def recording_forward(*args, **kwargs):
+        logits = forward(*args, **kwargs)
+        captured.append(logits.clone())
+        return logits
+
+    llm.engine.model.forward = recording_forward
+    return captured
+
+
+@pytest.fixture(scope="module")
+def prompts(loaded_model):
+    tok = loaded_model.tokenizer
+    return [tok.encode(long_document(n)) for n in (45, 20, 60)] + [tok.encode(SHORT_PROMPTS[1])]
+
+
+def test_sparse_at_full_budget_gives_dense_logits(loaded_model, prompts):
+    dense = LLM(loaded=loaded_model, max_num_batched_tokens=256)
+    sparse = LLM(loaded=loaded_model, max_num_batched_tokens=256, attention="sparse", top_k_tokens=8192)
+    dense_logits, sparse_logits = capture_logits(dense), capture_logits(sparse)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    d = dense.generate(prompts, params)
+    s = sparse.generate(prompts, params)
+    assert [o.token_ids for o in d] == [o.token_ids for o in s]
+    assert len(dense_logits) == len(sparse_logits)
+    worst = max((a - b).abs().max().item() for a, b in zip(dense_logits, sparse_logits) if a.numel())
+    assert worst <= 1e-5
+    attention = sparse.engine.runner.attention
+    assert attention.num_selected_pages == attention.num_context_pages > 0
+
+
+def test_sparse_decoding_batches_like_alone_and_really_skips_pages(loaded_model, prompts):
+    settings = dict(attention="sparse", top_k_tokens=64, sink_pages=1, recent_pages=2, max_num_batched_tokens=128)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    alone = [LLM(loaded=loaded_model, **settings).generate([p], params)[0].token_ids for p in prompts]
+    batched_llm = LLM(loaded=loaded_model, **settings)
+    batched = [o.token_ids for o in batched_llm.generate(prompts, params)]
+    assert batched == alone
+    attention = batched_llm.engine.runner.attention
+    # budget = 1 sink + 4 top-k + 2 recent pages against contexts of up to ~50 pages
+    assert attention.num_selected_pages < 0.5 * attention.num_context_pages
+    assert batched_llm.engine.check_integrity()
+
+
+def test_sparse_budget_changes_the_output_on_long_context(loaded_model, prompts):
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    dense = LLM(loaded=loaded_model).generate([prompts[2]], params)[0].token_ids
+    tiny = LLM(loaded=loaded_model, attention="sparse", top_k_tokens=16, recent_pages=1).generate([prompts[2]], params)[0]
+    assert tiny.token_ids != dense, "a 3-page budget over ~50 pages should change something (else sparse is not in effect)"
+
+
+def test_bad_sparse_settings_are_rejected(loaded_model):
+    with pytest.raises(ValueError, match="recent_pages"):
+        LLM(loaded=loaded_model, attention="sparse", recent_pages=0)
+    with pytest.raises(ValueError, match="attention"):
+        LLM(loaded=loaded_model, attention="quest")
