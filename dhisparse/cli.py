@@ -26,7 +26,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=tuple(args.stop or ()),
     )
-    fields = {"dtype": args.dtype}
+    fields = {
+        "dtype": args.dtype,
+        "attention": args.attention,
+        "top_k_tokens": args.top_k_tokens,
+        "sink_pages": args.sink_pages,
+        "recent_pages": args.recent_pages,
+    }
     if args.threads:
         fields["num_threads"] = args.threads
     llm = LLM(model=args.model, **fields)
@@ -81,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument("--attention", default="dense", choices=["dense", "sparse"],
+                     help="sparse: each decode token attends over sink + top-k + recent pages")
+    gen.add_argument("--top-k-tokens", type=int, default=2048, help="sparse top-k budget (rounded up to pages)")
+    gen.add_argument("--sink-pages", type=int, default=1)
+    gen.add_argument("--recent-pages", type=int, default=4)
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.set_defaults(func=_cmd_generate)
 

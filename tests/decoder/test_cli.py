@@ -49,3 +49,14 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path):
     assert proc.returncode == 2 and "temperature" in proc.stderr
     proc = run_cli("generate", "--prompt", "", "--max-tokens", "4")
     assert proc.returncode == 2 and "empty" in proc.stderr
+
+
+def test_sparse_flags_reach_the_engine(llm):
+    # a budget covering the context: sparse must give the dense tokens
+    proc = run_cli("generate", "--prompt", "The capital of France is", "--max-tokens", "8", "--json",
+                   "--attention", "sparse", "--top-k-tokens", "4096")
+    assert proc.returncode == 0, proc.stderr
+    expected = llm.generate("The capital of France is", SamplingParams(max_tokens=8))[0]
+    assert json.loads(proc.stdout)["token_ids"] == expected.token_ids
+    proc = run_cli("generate", "--prompt", "hi", "--attention", "sparse", "--recent-pages", "0")
+    assert proc.returncode == 2 and "recent_pages" in proc.stderr
