@@ -60,7 +60,7 @@ FILLER = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 )
 PASSKEY_SENTENCE = "The pass key is {key}. Remember it. {key} is the pass key. "
-PASSKEY_QUESTION = "What is the pass key? The pass key is"
+PASSKEY_QUESTION = "What is the pass key?"
 PASSKEY_INTRO = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
     "I will quiz you about the important information there.\n\n"
@@ -168,6 +168,11 @@ def passkey_prompt(tokenizer, context: int, depth: float, key: str, reserve: int
         n -= max(1, int((len(ids) - limit) / per_block))
         n = max(n, 0)
         ids = encode(n)
+    while True:  # grow back to the tightest fit
+        bigger = encode(n + 1)
+        if len(bigger) > limit:
+            break
+        n, ids = n + 1, bigger
     return ids
 
 
@@ -217,6 +222,12 @@ def make_llm(loaded, settings: Settings, budget: int | None, max_tokens_in_fligh
         kwargs.update(attention="sparse", top_k_tokens=budget, sink_pages=settings.sink_pages,
                       recent_pages=settings.recent_pages)
     return LLM(**kwargs)
+
+
+def reset_counters(llm) -> None:
+    attention = llm.engine.runner.attention
+    attention.num_selected_pages = 0
+    attention.num_context_pages = 0
 
 
 def selection_ratio(llm) -> float | None:
@@ -286,76 +297,9 @@ def teacher_forced_nll(llm, docs: list[list[int]], scored: int) -> list[dict]:
     return [{k: v for k, v in rec.items() if k not in ("doc",)} for rec in by_id.values()]
 
 
-def run(settings: Settings, quick: bool, out_dir: Path | None = None, model: str | None = None) -> dict:
-    from dhisparse import SamplingParams
-    from services.decoder.model.loader import load_model
-    from services.decoder.model.model_store import resolve_model_path
-
-    torch.set_num_threads(settings.threads)
-    t_start = time.perf_counter()
-    model_path = resolve_model_path(model)
-    loaded = load_model(model_path)
-    tok = loaded.tokenizer
-    configs: list[int | None] = [None] + list(settings.budgets)
-    timings: dict[str, float] = {}
-
-    # ---- inputs --------------------------------------------------------------------------
-    ppl_docs = {w: stdlib_documents(tok, w, settings.ppl_documents) for w in settings.ppl_windows}
-    greedy_docs = stdlib_documents(tok, settings.greedy_window, settings.greedy_documents)
-    greedy_prompts = [ids[: settings.greedy_window - settings.greedy_tokens] for _, ids in greedy_docs]
-    passkey_cases = []
-    for ci, ctx in enumerate(settings.passkey_contexts):
-        for di, depth in enumerate(settings.passkey_depths):
-            key = make_key(ci * len(settings.passkey_depths) + di)
-            passkey_cases.append({"context": ctx, "depth": depth, "key": key,
-                                  "prompt": passkey_prompt(tok, ctx, depth, key, reserve=settings.passkey_tokens + 4)})
-
-    ppl: dict[str, dict] = {}
-    greedy: dict[str, list[list[int]]] = {}
-    passkey: dict[str, list[dict]] = {}
-    selection: dict[str, dict] = {}
-    for budget in configs:
-        label = budget_label(budget)
-        t0 = time.perf_counter()
-        # perplexity, one engine per window (all documents batched together)
-        ppl[label] = {}
-        for window, docs in ppl_docs.items():
-            llm = make_llm(loaded, settings, budget, window * len(docs))
-            recs = teacher_forced_nll(llm, [ids for _, ids in docs], settings.ppl_scored_tokens)
-            total_nll = sum(r["nll"] for r in recs)
-            total = sum(r["tokens"] for r in recs)
-            ppl[label][str(window)] = {
-                "perplexity": math.exp(total_nll / total),
-                "argmax_accuracy": sum(r["argmax_hits"] for r in recs) / total,
-                "scored_tokens": total,
-                "per_document": [
-                    {"document": name, "perplexity": math.exp(r["nll"] / r["tokens"]), "scored_tokens": r["tokens"]}
-                    for (name, _), r in zip(docs, recs)
-                ],
-                "selected_page_fraction": selection_ratio(llm),
-            }
-            del llm
-        # greedy
-        llm = make_llm(loaded, settings, budget, settings.greedy_window * max(len(greedy_prompts), 1))
-        outs = llm.generate(greedy_prompts, SamplingParams(max_tokens=settings.greedy_tokens, ignore_eos=True))
-        greedy[label] = [o.token_ids for o in outs]
-        selection.setdefault(label, {})["greedy"] = selection_ratio(llm)
-        del llm
-        # passkey
-        llm = make_llm(loaded, settings, budget, sum(len(c["prompt"]) + 32 for c in passkey_cases))
-        outs = llm.generate([c["prompt"] for c in passkey_cases],
-                            SamplingParams(max_tokens=settings.passkey_tokens, ignore_eos=True))
-        passkey[label] = [
-            {"context": c["context"], "prompt_tokens": len(c["prompt"]), "depth": c["depth"], "key": c["key"],
-             "answer": o.text, "correct": passkey_correct(o.text, c["key"])}
-            for c, o in zip(passkey_cases, outs)
-        ]
-        selection[label]["passkey"] = selection_ratio(llm)
-        del llm
-        timings[label] = time.perf_counter() - t0
-        print(f"[{label}] done in {timings[label]:.1f}s", flush=True)
-
-    # ---- summary -------------------------------------------------------------------------
+def summarize(settings: Settings, ppl: dict, greedy: dict, passkey: dict) -> tuple[dict, dict]:
+    """Summary (relative perplexity, greedy agreement, passkey accuracy) and the targets with pass/fail,
+    from the per-configuration figures keyed by ``budget_label``."""
     summary: dict = {"perplexity_increase": {}, "greedy_agreement": {}, "passkey_accuracy": {}}
     dense_pk = passkey["dense"]
     for budget in settings.budgets:
@@ -396,10 +340,87 @@ def run(settings: Settings, quick: bool, out_dir: Path | None = None, model: str
         name = f"passkey_{b}_matches_dense"
         if key in summary["passkey_accuracy"]:
             targets[name] = {"pass": summary["passkey_accuracy"][key]["matches_dense_where_dense_correct"],
-                             "dense_correct_cases": sum(c["correct"] for c in dense_pk), "cases": len(dense_pk)}
+                             "dense_correct_cases": sum(c["correct"] for c in dense_pk), "cases": len(dense_pk),
+                             "vacuous": not any(c["correct"] for c in dense_pk)}
         else:
             targets[name] = {"pass": None, "note": "budget not measured in these settings"}
 
+    return summary, targets
+
+
+def run(settings: Settings, quick: bool, out_dir: Path | None = None, model: str | None = None) -> dict:
+    from dhisparse import SamplingParams
+    from services.decoder.model.loader import load_model
+    from services.decoder.model.model_store import resolve_model_path
+
+    torch.set_num_threads(settings.threads)
+    t_start = time.perf_counter()
+    model_path = resolve_model_path(model)
+    loaded = load_model(model_path)
+    tok = loaded.tokenizer
+    configs: list[int | None] = [None] + list(settings.budgets)
+    timings: dict[str, float] = {}
+
+    # ---- inputs --------------------------------------------------------------------------
+    ppl_docs = {w: stdlib_documents(tok, w, settings.ppl_documents) for w in settings.ppl_windows}
+    greedy_docs = stdlib_documents(tok, settings.greedy_window, settings.greedy_documents)
+    greedy_prompts = [ids[: settings.greedy_window - settings.greedy_tokens] for _, ids in greedy_docs]
+    passkey_cases = []
+    for ci, ctx in enumerate(settings.passkey_contexts):
+        for di, depth in enumerate(settings.passkey_depths):
+            key = make_key(ci * len(settings.passkey_depths) + di)
+            passkey_cases.append({"context": ctx, "depth": depth, "key": key,
+                                  "prompt": passkey_prompt(tok, ctx, depth, key, reserve=settings.passkey_tokens + 4)})
+
+    ppl: dict[str, dict] = {}
+    greedy: dict[str, list[list[int]]] = {}
+    passkey: dict[str, list[dict]] = {}
+    selection: dict[str, dict] = {}
+    in_flight = max([w * len(d) for w, d in ppl_docs.items()]
+                    + [settings.greedy_window * max(len(greedy_prompts), 1)]
+                    + [sum(len(c["prompt"]) + settings.passkey_tokens + 16 for c in passkey_cases)])
+    for budget in configs:
+        label = budget_label(budget)
+        t0 = time.perf_counter()
+        llm = make_llm(loaded, settings, budget, in_flight)  # one engine per configuration, reused by phase
+        selection[label] = {}
+        # perplexity, per window (all documents of a window batched together)
+        ppl[label] = {}
+        for window, docs in ppl_docs.items():
+            reset_counters(llm)
+            recs = teacher_forced_nll(llm, [ids for _, ids in docs], settings.ppl_scored_tokens)
+            total_nll = sum(r["nll"] for r in recs)
+            total = sum(r["tokens"] for r in recs)
+            ppl[label][str(window)] = {
+                "perplexity": math.exp(total_nll / total),
+                "argmax_accuracy": sum(r["argmax_hits"] for r in recs) / total,
+                "scored_tokens": total,
+                "per_document": [
+                    {"document": name, "perplexity": math.exp(r["nll"] / r["tokens"]), "scored_tokens": r["tokens"]}
+                    for (name, _), r in zip(docs, recs)
+                ],
+            }
+            selection[label][f"perplexity_{window}"] = selection_ratio(llm)
+        # greedy
+        reset_counters(llm)
+        outs = llm.generate(greedy_prompts, SamplingParams(max_tokens=settings.greedy_tokens, ignore_eos=True))
+        greedy[label] = [o.token_ids for o in outs]
+        selection[label]["greedy"] = selection_ratio(llm)
+        # passkey
+        reset_counters(llm)
+        outs = llm.generate([c["prompt"] for c in passkey_cases],
+                            SamplingParams(max_tokens=settings.passkey_tokens, ignore_eos=True))
+        passkey[label] = [
+            {"context": c["context"], "prompt_tokens": len(c["prompt"]), "depth": c["depth"], "key": c["key"],
+             "answer": o.text, "correct": passkey_correct(o.text, c["key"])}
+            for c, o in zip(passkey_cases, outs)
+        ]
+        selection[label]["passkey"] = selection_ratio(llm)
+        del llm
+        timings[label] = time.perf_counter() - t0
+        print(f"[{label}] done in {timings[label]:.1f}s", flush=True)
+
+    summary, targets = summarize(settings, ppl, greedy, passkey)
     result = {
         "benchmark": "sparse_quality",
         "machine": machine_info(),
@@ -501,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ppl-windows", type=int, nargs="+", default=None)
     parser.add_argument("--ppl-documents", type=int, default=None)
     parser.add_argument("--ppl-scored-tokens", type=int, default=None)
+    parser.add_argument("--greedy-window", type=int, default=None)
     parser.add_argument("--greedy-documents", type=int, default=None)
     parser.add_argument("--greedy-tokens", type=int, default=None)
     parser.add_argument("--passkey-contexts", type=int, nargs="+", default=None)
@@ -509,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output folder (default results/<date>-<machine>/)")
     args = parser.parse_args([a for a in (argv or []) if a != "--"] if argv is not None else None)
     settings = Settings(**(QUICK if args.quick else {}))
-    for name in ("budgets", "ppl_windows", "ppl_documents", "ppl_scored_tokens", "greedy_documents",
+    for name in ("budgets", "ppl_windows", "ppl_documents", "ppl_scored_tokens", "greedy_window", "greedy_documents",
                  "greedy_tokens", "passkey_contexts", "passkey_depths", "threads"):
         value = getattr(args, name)
         if value is not None:

@@ -67,3 +67,57 @@ def test_agreement_prefix_and_positionwise():
     assert agreement([1, 2, 3, 4], [1, 2, 9, 4]) == {"tokens": 4, "prefix_match": 2, "positionwise": 0.75}
     assert agreement([1, 2], [1, 2]) == {"tokens": 2, "prefix_match": 2, "positionwise": 1.0}
     assert agreement([5, 6, 7], [1]) == {"tokens": 3, "prefix_match": 0, "positionwise": 0.0}
+
+
+def _synthetic_figures():
+    from benchmarks.sparse_quality import Settings
+
+    settings = Settings(budgets=[1024, 2048], ppl_windows=[4096, 8192], passkey_contexts=[2048, 8192],
+                        passkey_depths=[0.1, 0.9])
+    ppl = {
+        "dense": {"4096": {"perplexity": 2.0}, "8192": {"perplexity": 4.0}},
+        "sparse1024": {"4096": {"perplexity": 2.1}, "8192": {"perplexity": 4.2}},
+        "sparse2048": {"4096": {"perplexity": 2.02}, "8192": {"perplexity": 4.04}},
+    }
+    greedy = {"dense": [[1, 2, 3, 4]], "sparse1024": [[1, 2, 0, 4]], "sparse2048": [[1, 2, 3, 4]]}
+
+    def cases(correct):
+        ctxs = [2048, 2048, 8192, 8192]
+        return [{"context": c, "correct": ok} for c, ok in zip(ctxs, correct)]
+
+    passkey = {"dense": cases([True, True, True, False]), "sparse1024": cases([True, False, True, True]),
+               "sparse2048": cases([True, True, True, True])}
+    return settings, ppl, greedy, passkey
+
+
+def test_summarize_relative_perplexity_agreement_and_targets():
+    from benchmarks.sparse_quality import summarize
+
+    summary, targets = summarize(*_synthetic_figures())
+    assert summary["perplexity_increase"]["sparse1024"]["8192"] == pytest.approx(0.05)
+    assert summary["perplexity_increase"]["sparse2048"]["8192"] == pytest.approx(0.01)
+    assert summary["greedy_agreement"]["sparse1024"]["mean_prefix_match"] == 2
+    assert summary["greedy_agreement"]["sparse1024"]["mean_positionwise"] == pytest.approx(0.75)
+    assert summary["passkey_accuracy"]["dense"]["by_context"] == {"2048": 1.0, "8192": 0.5}
+    # sparse1024 misses a case dense answers (and answers one dense misses: that does not count)
+    assert summary["passkey_accuracy"]["sparse1024"]["matches_dense_where_dense_correct"] is False
+    assert targets["ppl_increase_at_2048_on_8k"]["pass"] is True
+    assert targets["passkey_1024_matches_dense"]["pass"] is False
+    assert targets["passkey_2048_matches_dense"]["pass"] is True
+    assert targets["passkey_2048_matches_dense"]["vacuous"] is False
+
+
+def test_report_and_plot_from_synthetic_result(tmp_path, capsys):
+    from dataclasses import asdict
+
+    from benchmarks.sparse_quality import _plot, print_report, summarize
+
+    settings, ppl, greedy, passkey = _synthetic_figures()
+    summary, targets = summarize(settings, ppl, greedy, passkey)
+    result = {"model": "synthetic", "settings": asdict(settings), "perplexity": ppl, "summary": summary,
+              "targets": targets, "timings_s": {"total": 0.0}}
+    print_report(result)
+    out = capsys.readouterr().out
+    assert "ppl_increase_at_2048_on_8k" in out and "PASS" in out and "FAIL" in out
+    _plot(result, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
