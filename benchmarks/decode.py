@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> dict:
         "targets": {"batch1_vs_transformers": 2.0, "concurrent8_vs_our_batch1": 4.0},
     }
     out_dir = Path(args.out) if args.out else results_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "decode.json", result)
     _plot(result, out_dir / "decode.png")
     return result

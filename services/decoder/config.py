@@ -21,6 +21,9 @@ class DecoderConfig(BaseSettings):
     max_num_seqs: int = Field(32, gt=0)
     max_num_batched_tokens: int = Field(512, gt=0, description="tokens per engine step (prefill chunk budget)")
     max_model_len: int | None = Field(None, gt=0, description="default: the model's context length")
+    allow_long_context: bool = Field(
+        False, description="allow max_model_len past the trained context (RoPE extrapolates: throughput tests only)"
+    )
     attention: Literal["dense", "sparse"] = Field(
         "dense", description="sparse: decode tokens attend over sink + top-k + recent pages"
     )
@@ -29,6 +32,19 @@ class DecoderConfig(BaseSettings):
     recent_pages: int = Field(4, ge=1, description="recent window in pages, including the unsealed tail")
     packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None = torch default")
+    # ---- serving (services/decoder/service) ----
+    served_model_name: str = Field("SmolLM2-135M-Instruct", description="model id advertised to clients")
+    decoder_id: str | None = Field(None, description="name in Redis heartbeats ([A-Za-z0-9_.-]); None = hostname-port")
+    host: str = Field("0.0.0.0", description="gRPC bind address")
+    port: int = Field(50051, ge=0, lt=65536, description="gRPC port (0 = pick a free one)")
+    advertise_address: str | None = Field(None, description="host:port gateways dial; None = hostname:port")
+    redis_url: str | None = Field(None, description="redis:// or unix:// URL for heartbeats; None = no registry")
+    namespace: str = Field("dhisparse", description="Redis key namespace shared by all services")
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_ttl_s: float = Field(5.0, gt=0, description="a decoder silent this long is dead to gateways")
+    max_num_waiting: int = Field(64, gt=0, description="queued requests beyond this get RESOURCE_EXHAUSTED")
+    drain_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM: time to finish in-flight requests")
+    grpc_max_workers: int = Field(64, gt=0, description="gRPC threads (each open stream holds one)")
 
     @property
     def torch_dtype(self) -> torch.dtype:

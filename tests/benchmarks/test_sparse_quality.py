@@ -1,11 +1,11 @@
-"""Pure parts of benchmarks/sparse_quality.py (no model loading)."""
+"""Pure parts of benchmarks/sparse_quality (no model loading)."""
 
 import math
 
 import pytest
 import torch
 
-from benchmarks.sparse_quality import (
+from benchmarks.sparse_quality.tasks import (
     FILLER,
     PASSKEY_SENTENCE,
     agreement,
@@ -70,7 +70,7 @@ def test_agreement_prefix_and_positionwise():
 
 
 def _synthetic_figures():
-    from benchmarks.sparse_quality import Settings
+    from benchmarks.sparse_quality.driver import Settings
 
     settings = Settings(budgets=[1024, 2048], ppl_windows=[4096, 8192], passkey_contexts=[2048, 8192],
                         passkey_depths=[0.1, 0.9])
@@ -91,7 +91,7 @@ def _synthetic_figures():
 
 
 def test_summarize_relative_perplexity_agreement_and_targets():
-    from benchmarks.sparse_quality import summarize
+    from benchmarks.sparse_quality.report import summarize
 
     summary, targets = summarize(*_synthetic_figures())
     assert summary["perplexity_increase"]["sparse1024"]["8192"] == pytest.approx(0.05)
@@ -110,7 +110,7 @@ def test_summarize_relative_perplexity_agreement_and_targets():
 def test_report_and_plot_from_synthetic_result(tmp_path, capsys):
     from dataclasses import asdict
 
-    from benchmarks.sparse_quality import _plot, print_report, summarize
+    from benchmarks.sparse_quality.report import plot, print_report, summarize
 
     settings, ppl, greedy, passkey = _synthetic_figures()
     summary, targets = summarize(settings, ppl, greedy, passkey)
@@ -119,5 +119,5 @@ def test_report_and_plot_from_synthetic_result(tmp_path, capsys):
     print_report(result)
     out = capsys.readouterr().out
     assert "ppl_increase_at_2048_on_8k" in out and "PASS" in out and "FAIL" in out
-    _plot(result, tmp_path / "plot.png")
+    plot(result, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0

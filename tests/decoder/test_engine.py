@@ -147,3 +147,12 @@ def test_generation_stops_at_model_context(loaded_model):
 def test_pool_smaller_than_one_sequence_is_a_config_error(loaded_model):
     with pytest.raises(ValueError, match="kv_cache_tokens"):
         LLM(loaded=loaded_model, kv_cache_tokens=256, max_model_len=1024)
+
+
+def test_context_past_training_needs_an_explicit_flag(loaded_model):
+    trained = loaded_model.config.max_position_embeddings
+    with pytest.raises(ValueError, match="allow_long_context"):
+        LLM(loaded=loaded_model, max_model_len=trained * 2, kv_cache_tokens=trained * 2)
+    long_llm = LLM(loaded=loaded_model, max_model_len=trained * 2, kv_cache_tokens=trained * 2, allow_long_context=True)
+    assert long_llm.engine.max_model_len == trained * 2
+    assert long_llm.engine.model.rope.cos.shape[0] == trained * 2

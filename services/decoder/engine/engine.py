@@ -47,9 +47,15 @@ class Engine:
         self.loaded = loaded
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.packed_gemm)
-        self.max_model_len = min(self.config.max_model_len or loaded.config.max_position_embeddings,
-                                 loaded.config.max_position_embeddings)
+        trained_len = loaded.config.max_position_embeddings
+        self.max_model_len = self.config.max_model_len or trained_len
+        if self.max_model_len > trained_len and not self.config.allow_long_context:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's trained context of {trained_len} "
+                "tokens; set allow_long_context=True to run past it (outputs degrade: throughput tests only)"
+            )
+        self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.packed_gemm,
+                                max_positions=max(self.max_model_len, trained_len))
         mc = loaded.config
         if self.config.num_slots * self.config.page_size < self.max_model_len:
             raise ValueError(

@@ -44,7 +44,9 @@ class LlamaModel:
         weights: dict[str, torch.Tensor],
         dtype: torch.dtype = torch.float32,
         packed_gemm: bool = True,
+        max_positions: int | None = None,
     ):
+        """``max_positions``: RoPE table length (default: the model's trained context)."""
         self.config = config
         self.dtype = dtype
 
@@ -81,7 +83,7 @@ class LlamaModel:
                     down=Linear(w(p + "mlp.down_proj.weight"), packed_gemm=packed_gemm),
                 )
             )
-        self.rope = RotaryEmbedding(config, dtype)
+        self.rope = RotaryEmbedding(config, dtype, max_positions)
         self.scale = config.head_dim**-0.5
 
     @property
