@@ -189,7 +189,7 @@ SPM_CORPUS = [
 @pytest.fixture(scope="module")
 def spm_pair():
     """(sentencepiece processor, our Tokenizer built from its pieces as GGUF metadata)."""
-    spm = pytest.importorskip("sentencepiece")
+    import sentencepiece as spm
     proto = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(SPM_CORPUS), model_writer=proto, vocab_size=400, model_type="bpe",
