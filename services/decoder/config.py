@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,6 +30,10 @@ class DecoderConfig(BaseSettings):
     top_k_tokens: int = Field(2048, ge=0, description="sparse top-k budget in tokens, rounded up to pages")
     sink_pages: int = Field(1, ge=0)
     recent_pages: int = Field(4, ge=1, description="recent window in pages, including the unsealed tail")
+    spec: Literal["none", "ngram"] = Field("none", description="speculative decoding drafter")
+    spec_tokens: int = Field(4, ge=1, le=64, description="draft tokens verified per step")
+    ngram_min_n: int = Field(1, ge=1)
+    ngram_max_n: int = Field(4, ge=1)
     packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None = torch default")
     # ---- serving (services/decoder/service) ----
@@ -45,6 +49,20 @@ class DecoderConfig(BaseSettings):
     max_num_waiting: int = Field(64, gt=0, description="queued requests beyond this get RESOURCE_EXHAUSTED")
     drain_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM: time to finish in-flight requests")
     grpc_max_workers: int = Field(64, gt=0, description="gRPC threads (each open stream holds one)")
+
+    @model_validator(mode="after")
+    def _check_spec_with_sparse(self) -> DecoderConfig:
+        # a verify block must not reach a page that plain decoding would score by digest: the
+        # recent window has to cover the token's own page plus every page the block spans
+        needed = 1 + -(-self.spec_tokens // self.page_size)
+        if self.spec != "none" and self.attention == "sparse" and self.recent_pages < needed:
+            raise ValueError(
+                f"recent_pages={self.recent_pages} is too small for spec_tokens={self.spec_tokens}: "
+                f"sparse verification needs recent_pages >= {needed}"
+            )
+        if self.ngram_min_n > self.ngram_max_n:
+            raise ValueError(f"ngram_min_n={self.ngram_min_n} > ngram_max_n={self.ngram_max_n}")
+        return self
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -23,6 +23,7 @@ from services.decoder.model.attention import SparseParams
 from services.decoder.model.llama import LlamaModel
 from services.decoder.model.loader import LoadedModel, load_model
 from services.decoder.model.model_store import resolve_model_path
+from services.decoder.spec.drafter import make_drafter
 
 
 @dataclass
@@ -71,6 +72,9 @@ class Engine:
         if self.config.attention == "sparse":
             sparse = SparseParams(self.config.top_k_pages, self.config.sink_pages, self.config.recent_pages)
         self.runner = ModelRunner(self.model, self.pool, sparse)
+        self.drafter = make_drafter(self.config.spec, **(
+            {"min_n": self.config.ngram_min_n, "max_n": self.config.ngram_max_n} if self.config.spec == "ngram" else {}
+        ))
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
 
@@ -124,6 +128,7 @@ class Engine:
 
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
+        self._propose_drafts()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -131,25 +136,53 @@ class Engine:
         for sched in batch:
             if sched.request.stats.first_scheduled_s is None:
                 sched.request.stats.first_scheduled_s = now
-        sampled = self.runner.execute(batch)
+        committed = self.runner.execute(batch)
         events: list[TokenEvent] = []
+        sealed_slots: list[int] = []
+        page_size = self.config.page_size
         for sched in batch:
             request = sched.request
-            request.num_computed_tokens += sched.num_new_tokens
-            token_id = sampled.get(request.request_id)
-            if token_id is None:
-                continue
-            request.output_ids.append(token_id)
-            if request.stats.first_token_s is None:
-                request.stats.first_token_s = time.perf_counter()
-            reason = request.stop_checker.append(token_id)
-            if reason is None and request.num_tokens >= request.max_total_len:
-                reason = "length"
-            if reason is not None:
-                self._finish(request, reason)
-            delta = request.stop_checker.take_stream_delta(finished=request.is_finished)
-            events.append(TokenEvent(request.request_id, token_id, delta, request.is_finished, request.finish_reason))
+            request.draft_ids = []
+            tokens = committed.get(request.request_id)
+            old_computed = request.num_computed_tokens
+            # K/V of the step's tokens and of the accepted draft tokens are valid
+            request.num_computed_tokens += sched.num_new_tokens + (len(tokens) - 1 if tokens else 0)
+            if sched.draft:
+                request.stats.num_verify_steps += 1
+                request.stats.drafted_tokens += len(sched.draft)
+                request.stats.accepted_tokens += len(tokens) - 1
+            for token_id in tokens or []:
+                self._append_token(request, token_id, events)
+                if request.is_finished:
+                    break
+            if not request.is_finished:
+                # pages whose last row is committed now; rows of rejected drafts never count
+                sealed_slots.extend(
+                    request.slots[page] for page in range(old_computed // page_size, request.num_computed_tokens // page_size)
+                )
+        self.runner.seal_pages(sealed_slots)
         return events
+
+    def _propose_drafts(self) -> None:
+        if self.drafter is None:
+            return
+        for request in self.scheduler.running:
+            room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
+            if request.num_pending_tokens == 1 and room > 0:
+                ids = request.prompt_ids + request.output_ids
+                request.draft_ids = self.drafter.propose(ids, min(self.config.spec_tokens, room))
+
+    def _append_token(self, request: Request, token_id: int, events: list[TokenEvent]) -> None:
+        request.output_ids.append(token_id)
+        if request.stats.first_token_s is None:
+            request.stats.first_token_s = time.perf_counter()
+        reason = request.stop_checker.append(token_id)
+        if reason is None and request.num_tokens >= request.max_total_len:
+            reason = "length"
+        if reason is not None:
+            self._finish(request, reason)
+        delta = request.stop_checker.take_stream_delta(finished=request.is_finished)
+        events.append(TokenEvent(request.request_id, token_id, delta, request.is_finished, request.finish_reason))
 
     def _finish(self, request: Request, reason: str) -> None:
         self.scheduler.remove(request)

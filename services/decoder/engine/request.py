@@ -31,6 +31,9 @@ class RequestStats:
     first_token_s: float | None = None
     finished_s: float | None = None
     num_preemptions: int = 0
+    num_verify_steps: int = 0  # decode steps that verified a non-empty draft
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     def as_dict(self, num_output_tokens: int) -> dict:
         prefill_s = (self.first_token_s - self.first_scheduled_s) if self.first_token_s and self.first_scheduled_s else 0.0
@@ -42,6 +45,12 @@ class RequestStats:
             "decode_s": decode_s,
             "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
             "num_preemptions": self.num_preemptions,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            # tokens committed per verify step, bonus token included (as DFlash / DSpark report it)
+            "mean_acceptance_length": (
+                (self.accepted_tokens + self.num_verify_steps) / self.num_verify_steps if self.num_verify_steps else 0.0
+            ),
         }
 
 
@@ -62,6 +71,7 @@ class Request:
         self.max_total_len = min(max_model_len, len(prompt_ids) + params.max_tokens)
         self.slots: list[int] = []  # page table: logical page -> hot-pool slot
         self.num_computed_tokens = 0
+        self.draft_ids: list[int] = []  # proposed for the next step; never part of the request's tokens
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stats = RequestStats()

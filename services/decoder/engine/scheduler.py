@@ -1,6 +1,7 @@
 """Continuous-batching scheduler with chunked prefill and recompute preemption.
 
-Each step: running requests first (a decoding request needs 1 token, a prefilling one a chunk),
+Each step: running requests first (a decoding request needs 1 token plus its draft block, if
+speculation proposed one, a prefilling one a chunk),
 then waiting requests in arrival order while the token budget, the sequence limit and free
 slots allow. A running request that cannot get a slot preempts the most recently admitted
 running request (its slots are freed, its tokens kept, it is recomputed later).
@@ -9,7 +10,7 @@ running request (its slots are freed, its tokens kept, it is recomputed later).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.decoder.engine.request import Request, RequestStatus
 from services.decoder.kv.slot_allocator import OutOfSlotsError, SlotAllocator
@@ -19,6 +20,11 @@ from services.decoder.kv.slot_allocator import OutOfSlotsError, SlotAllocator
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+    draft: list[int] = field(default_factory=list)  # draft tokens verified after them (decode only)
+
+    @property
+    def num_query_tokens(self) -> int:
+        return self.num_new_tokens + len(self.draft)
 
     @property
     def samples(self) -> bool:
@@ -62,6 +68,7 @@ class Scheduler:
         self.running.remove(victim)
         self.release(victim)
         victim.num_computed_tokens = 0
+        victim.draft_ids = []
         victim.status = RequestStatus.WAITING
         victim.stats.num_preemptions += 1
         self.waiting.appendleft(victim)
@@ -81,15 +88,16 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_pending_tokens, budget)
-            while not self._ensure_slots(request, request.num_computed_tokens + num_new):
+            draft = request.draft_ids[: budget - 1] if request.num_pending_tokens == 1 else []
+            while not self._ensure_slots(request, request.num_computed_tokens + num_new + len(draft)):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is request:
                     break
             if request.status is not RequestStatus.RUNNING:
                 break  # preempted itself: nothing later in the list can run either
-            scheduled.append(ScheduledRequest(request, num_new))
-            budget -= num_new
+            scheduled.append(ScheduledRequest(request, num_new, draft))
+            budget -= num_new + len(draft)
             index += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]

@@ -61,7 +61,6 @@ class AttentionMetadata:
     write_rows: torch.Tensor  # [num_tokens] int64 pool row receiving each token's K/V
     groups: list[AttentionGroup]  # dense: prefill chunks, and decode tokens unless sparse
     page_list: PageListTokens | None = None
-    sealed_slots: torch.Tensor | None = None  # [num_sealed] int64 pages whose last row is written this step
 
     @property
     def num_tokens(self) -> int:
@@ -153,8 +152,6 @@ class PagedAttention:
         v_rows = self.pool.v_rows(layer)
         k_rows.index_copy_(0, meta.write_rows, k)
         v_rows.index_copy_(0, meta.write_rows, v)
-        if self.digests is not None and meta.sealed_slots is not None and meta.sealed_slots.numel():
-            self.digests.seal(layer, self.pool.k[layer], meta.sealed_slots, meta.sealed_slots)
         num_tokens, num_heads, head_dim = q.shape
         out = q.new_empty(num_tokens, num_heads, head_dim)
         for group in meta.groups:
