@@ -65,6 +65,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     raise SystemExit(f"unknown benchmark {args.which!r}")
 
 
+def _cmd_kvtier(args: argparse.Namespace) -> int:
+    import logging
+
+    from services.kvtier.cli_args import config_from_namespace
+    from services.kvtier.server import serve
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s kvtier %(levelname)s %(message)s")
+    return serve(config_from_namespace(args))
+
+
+def _cmd_service(args: argparse.Namespace) -> int:
+    if args.service == "decoder":
+        from services.decoder.service.__main__ import main as service_main
+    elif args.service == "gateway":
+        from services.gateway.__main__ import main as service_main
+    else:
+        from dhisparse.stack import main as service_main
+    return service_main(args.rest, prog=f"dhisparse {args.service}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dhisparse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,10 +119,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("which", choices=["decode"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_cmd_bench)
+
+    from services.kvtier.cli_args import add_arguments as add_kvtier_arguments
+
+    kvtier = sub.add_parser("kvtier", help="run the kvtier service (host KV pool in shared memory)")
+    add_kvtier_arguments(kvtier).set_defaults(func=_cmd_kvtier)
+
+    for name, help_text in (("decoder", "run a decoder gRPC service (flags: dhisparse decoder --help)"),
+                            ("gateway", "run the OpenAI-compatible HTTP gateway (flags: dhisparse gateway --help)"),
+                            ("up", "run the whole local stack: Redis, kvtier, decoder, gateway (Ctrl-C stops)")):
+        service = sub.add_parser(name, help=help_text, add_help=False)
+        service.add_argument("rest", nargs=argparse.REMAINDER)
+        service.set_defaults(func=_cmd_service, service=name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("decoder", "gateway", "up"):  # their own parsers take every flag, --help too
+        return _cmd_service(argparse.Namespace(service=argv[0], rest=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
