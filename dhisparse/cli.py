@@ -32,6 +32,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         "top_k_tokens": args.top_k_tokens,
         "sink_pages": args.sink_pages,
         "recent_pages": args.recent_pages,
+        "spec": args.spec,
+        "spec_tokens": args.spec_tokens,
     }
     if args.threads:
         fields["num_threads"] = args.threads
@@ -112,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k-tokens", type=int, default=2048, help="sparse top-k budget (rounded up to pages)")
     gen.add_argument("--sink-pages", type=int, default=1)
     gen.add_argument("--recent-pages", type=int, default=4)
+    gen.add_argument("--spec", default="none", choices=["none", "ngram"], help="speculative decoding drafter")
+    gen.add_argument("--spec-tokens", type=int, default=4, help="draft tokens verified per step")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.set_defaults(func=_cmd_generate)
 

@@ -60,3 +60,14 @@ def test_sparse_flags_reach_the_engine(llm):
     assert json.loads(proc.stdout)["token_ids"] == expected.token_ids
     proc = run_cli("generate", "--prompt", "hi", "--attention", "sparse", "--recent-pages", "0")
     assert proc.returncode == 2 and "recent_pages" in proc.stderr
+
+
+def test_spec_flags_and_json_stats(llm):
+    prompt = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
+    proc = run_cli("generate", "--prompt", prompt, "--max-tokens", "16", "--json", "--spec", "ngram", "--spec-tokens", "5")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["token_ids"] == llm.generate(prompt, SamplingParams(max_tokens=16))[0].token_ids
+    stats = out["stats"]
+    assert stats["drafted_tokens"] >= stats["accepted_tokens"] > 0
+    assert stats["mean_acceptance_length"] > 1.0
