@@ -34,6 +34,9 @@ class DecoderConfig(BaseSettings):
     spec_tokens: int = Field(4, ge=1, le=64, description="draft tokens verified per step")
     ngram_min_n: int = Field(1, ge=1)
     ngram_max_n: int = Field(4, ge=1)
+    kvtier_address: str | None = Field(None, description="host:port of kvtier; None = no host tier")
+    decoder_id: str = Field("decoder-0", description="this decoder's identity towards kvtier and Redis")
+    model_id: str = Field("SmolLM2-135M-Instruct", description="model id announced to kvtier and clients")
     packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None = torch default")
     # ---- serving (services/decoder/service) ----

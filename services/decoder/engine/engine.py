@@ -17,7 +17,9 @@ from services.decoder.engine.request import Request, RequestStatus
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.engine.scheduler import Scheduler
 from services.decoder.engine.stop_checker import StopChecker
+from services.decoder.kv.host_tier import HostTier
 from services.decoder.kv.hot_pool import HotPool
+from services.decoder.kv.kvtier_client import KvLayout, KvtierClient
 from services.decoder.kv.slot_allocator import SlotAllocator
 from services.decoder.model.attention import SparseParams
 from services.decoder.model.llama import LlamaModel
@@ -72,6 +74,11 @@ class Engine:
         if self.config.attention == "sparse":
             sparse = SparseParams(self.config.top_k_pages, self.config.sink_pages, self.config.recent_pages)
         self.runner = ModelRunner(self.model, self.pool, sparse)
+        self.host_tier: HostTier | None = None
+        if self.config.kvtier_address:
+            client = KvtierClient(self.config.kvtier_address, self.config.decoder_id, self.config.model_id,
+                                  KvLayout.of_hot_pool(self.pool))
+            self.host_tier = HostTier(client, self.pool)
         self.drafter = make_drafter(self.config.spec, **(
             {"min_n": self.config.ngram_min_n, "max_n": self.config.ngram_max_n} if self.config.spec == "ngram" else {}
         ))
@@ -130,6 +137,8 @@ class Engine:
     def step(self) -> list[TokenEvent]:
         self._propose_drafts()
         batch = self.scheduler.schedule()
+        if self.host_tier is not None:
+            self.host_tier.sync({s.request.request_id: len(s.request.slots) for s in batch})
         if not batch:
             return []
         now = time.perf_counter()
@@ -138,7 +147,7 @@ class Engine:
                 sched.request.stats.first_scheduled_s = now
         committed = self.runner.execute(batch)
         events: list[TokenEvent] = []
-        sealed_slots: list[int] = []
+        sealed: list[tuple[str, int, int]] = []  # (request, logical page, slot)
         page_size = self.config.page_size
         for sched in batch:
             request = sched.request
@@ -157,10 +166,13 @@ class Engine:
                     break
             if not request.is_finished:
                 # pages whose last row is committed now; rows of rejected drafts never count
-                sealed_slots.extend(
-                    request.slots[page] for page in range(old_computed // page_size, request.num_computed_tokens // page_size)
+                sealed.extend(
+                    (request.request_id, page, request.slots[page])
+                    for page in range(old_computed // page_size, request.num_computed_tokens // page_size)
                 )
-        self.runner.seal_pages(sealed_slots)
+        self.runner.seal_pages([slot for _, _, slot in sealed])
+        if self.host_tier is not None:
+            self.host_tier.write_back(sealed)
         return events
 
     def _propose_drafts(self) -> None:
@@ -186,6 +198,8 @@ class Engine:
 
     def _finish(self, request: Request, reason: str) -> None:
         self.scheduler.remove(request)
+        if self.host_tier is not None:
+            self.host_tier.release(request.request_id)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.stop_checker.finish(reason)
@@ -196,6 +210,8 @@ class Engine:
             for event in self.step():
                 if on_event is not None:
                     on_event(event)
+        if self.host_tier is not None:
+            self.host_tier.flush()
 
     def check_integrity(self) -> bool:
         """Slots held by live requests plus free slots partition the pool exactly."""

@@ -1,0 +1,80 @@
+"""Eager write-back of sealed pages to kvtier host pages, with one batched kvtier call per step.
+
+Every logical page of a request gets a host page (allocated when its hot slot is allocated).
+Per engine step, one ``Step`` RPC, sent before the forward, carries:
+  - allocations: host pages for the logical pages the scheduler just gave slots to;
+  - commits: pages sealed (and copied to the host) during the previous step;
+  - frees: requests that finished during the previous step.
+After the forward and acceptance, the pages sealed in this step are copied from the hot pool
+straight into their host pages in shared memory (``gather_pages``); their commit rides on the
+next step's call. A clean page can then leave the hot pool at no cost.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import gather_pages
+from services.decoder.kv.hot_pool import HotPool
+from services.decoder.kv.kvtier_client import KvLayout, KvtierClient
+
+
+class HostTier:
+    def __init__(self, client: KvtierClient, pool: HotPool):
+        if KvLayout.of_hot_pool(pool) != client.layout:
+            raise ValueError("the kvtier client's layout does not match the hot pool")
+        self.client = client
+        self.pool = pool
+        client.attach()
+        self.host_pages: dict[str, list[int]] = {}  # request -> host page id per logical page
+        self.num_sealed: dict[str, int] = {}  # request -> leading pages copied to the host
+        self._pending_commits: dict[str, int] = {}
+        self._pending_frees: list[str] = []
+        self.num_written_pages = 0
+        self.num_step_calls = 0
+
+    def sync(self, page_counts: dict[str, int]) -> None:
+        """Before the forward: ``page_counts`` maps each scheduled request to its number of
+        logical pages (slots). One RPC: allocations for new pages, the previous step's commits
+        and frees. Mutates: host page tables, pending queues."""
+        allocations = {
+            rid: count - len(self.host_pages.get(rid, ()))
+            for rid, count in page_counts.items()
+            if count > len(self.host_pages.get(rid, ()))
+        }
+        if not (allocations or self._pending_commits or self._pending_frees):
+            return
+        outcome = self.client.step(commits=self._pending_commits, frees=self._pending_frees, allocations=allocations)
+        self.num_step_calls += 1
+        self._pending_commits = {}
+        self._pending_frees = []
+        for rid, ids in outcome.allocated.items():
+            self.host_pages.setdefault(rid, []).extend(ids)
+
+    def write_back(self, sealed: list[tuple[str, int, int]]) -> None:
+        """After acceptance: ``sealed`` = (request, logical page, hot slot) of pages whose rows
+        are all committed. Copies them into their host pages, every layer; queues the commit."""
+        if not sealed:
+            return
+        slots = torch.tensor([slot for _, _, slot in sealed], dtype=torch.int64)
+        host_ids = torch.tensor([self.host_pages[rid][page] for rid, page, _ in sealed], dtype=torch.int64)
+        for layer in range(self.pool.num_layers):
+            host_k, host_v = self.client.host_pages(layer)
+            gather_pages(self.pool.k[layer], host_k, slots, host_ids, check_indices=False)
+            gather_pages(self.pool.v[layer], host_v, slots, host_ids, check_indices=False)
+        self.num_written_pages += len(sealed)
+        for rid, page, _ in sealed:
+            done = max(self.num_sealed.get(rid, 0), page + 1)
+            self.num_sealed[rid] = done
+            self._pending_commits[rid] = done
+
+    def release(self, request_id: str) -> None:
+        """The request finished: its host pages are freed with the next call."""
+        self._pending_commits.pop(request_id, None)
+        if self.host_pages.pop(request_id, None) is not None:
+            self._pending_frees.append(request_id)
+        self.num_sealed.pop(request_id, None)
+
+    def flush(self) -> None:
+        """Sends pending commits and frees now (idle engine, shutdown)."""
+        self.sync({})

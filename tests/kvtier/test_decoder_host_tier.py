@@ -1,0 +1,56 @@
+"""The decoder engine with a real kvtier process: eager write-back of sealed pages, one batched
+kvtier call per step, nothing left behind."""
+
+import torch
+
+from dhisparse import LLM, SamplingParams
+from tests.decoder.prompts import SHORT_PROMPTS, long_document
+
+SMOLLM_LAYOUT = {"num_layers": 30, "num_kv_heads": 3, "head_dim": 64, "page_size": 16, "dtype": "float32"}
+
+
+def test_sealed_pages_reach_host_pages_byte_exact(loaded_model, kvtier_process):
+    kvtier = kvtier_process(**SMOLLM_LAYOUT, host_pool_pages=256)
+    llm = LLM(loaded=loaded_model, kvtier_address=kvtier.address, decoder_id="dec-a", spec="ngram")
+    engine = llm.engine
+    tok = loaded_model.tokenizer
+    prompts = [tok.encode(long_document(30)), tok.encode(SHORT_PROMPTS[1]), tok.encode(long_document(10))]
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    steps = 0
+    while min(len(engine.requests[i].output_ids) for i in ids) < 40:
+        engine.step()
+        steps += 1
+    tier = engine.host_tier
+    assert tier.num_step_calls <= steps, "at most one kvtier call per engine step"
+    page_size = engine.config.page_size
+    checked = 0
+    for rid in ids:
+        request = engine.requests[rid]
+        num_sealed = request.num_computed_tokens // page_size
+        assert tier.num_sealed[rid] == num_sealed
+        host_ids = tier.host_pages[rid][:num_sealed]
+        for layer in range(engine.model_config.num_layers):
+            host_k, host_v = tier.client.host_pages(layer)
+            slots = torch.tensor(request.slots[:num_sealed])
+            assert torch.equal(host_k[torch.tensor(host_ids)], engine.pool.k[layer][slots])
+            assert torch.equal(host_v[torch.tensor(host_ids)], engine.pool.v[layer][slots])
+        checked += num_sealed
+    assert checked > 50
+    for rid in ids:
+        engine.abort(rid)
+    engine.step()  # an idle step flushes the frees
+    stats = tier.client.stats(check_integrity=True)
+    assert stats["integrity_ok"], stats
+    assert stats["num_used_pages"] == 0 and stats["num_requests"] == 0, stats
+    assert engine.check_integrity()
+
+
+def test_outputs_identical_with_and_without_the_host_tier(loaded_model, kvtier_process, llm):
+    kvtier = kvtier_process(**SMOLLM_LAYOUT, host_pool_pages=128)
+    tiered = LLM(loaded=loaded_model, kvtier_address=kvtier.address, decoder_id="dec-b")
+    prompts = [SHORT_PROMPTS[0], SHORT_PROMPTS[2]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    assert [o.token_ids for o in tiered.generate(prompts, params)] == [o.token_ids for o in llm.generate(prompts, params)]
+    stats = tiered.engine.host_tier.client.stats(check_integrity=True)
+    assert stats["integrity_ok"] and stats["num_used_pages"] == 0 and stats["num_requests"] == 0, stats
