@@ -107,7 +107,7 @@ class LlamaModel:
         eps = cfg.rms_norm_eps
         num_tokens = input_ids.shape[0]
         hidden = torch.index_select(self.embed_tokens, 0, input_ids)  # [num_tokens, hidden]
-        positions = meta.positions
+        rope_tables = self.rope.tables(meta.positions)  # shared by every layer of this step
         q_width = num_heads * head_dim
         kv_width = num_kv_heads * head_dim
         for layer_idx, layer in enumerate(self.layers):
@@ -121,11 +121,11 @@ class LlamaModel:
                     layer.k_norm,
                     eps,
                 )
-                self.rope.apply_(q, positions)
-                self.rope.apply_(k, positions)
+                q = self.rope.rotate(q, rope_tables)
+                k = self.rope.rotate(k, rope_tables)
             else:
                 qk = qkv[:, : q_width + kv_width].view(num_tokens, num_heads + num_kv_heads, head_dim)
-                self.rope.apply_(qk, positions)
+                qk = self.rope.rotate(qk, rope_tables)  # [num_tokens, H + KVH, head_dim]
                 q = qk[:, :num_heads]
                 k = qk[:, num_heads:]
             v = qkv[:, q_width + kv_width :].view(num_tokens, num_kv_heads, head_dim)

@@ -78,15 +78,23 @@ class RotaryEmbedding:
         self.sin = (angles.sin() * scale).to(dtype)
         self.max_positions = max_positions
 
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-step tables for ``positions: [num_tokens]``, shared by every layer:
+        ``cos_full = [cos, cos]`` and ``sin_signed = [-sin, sin]``, each ``[num_tokens, 1, head_dim]``."""
+        cos = torch.index_select(self.cos, 0, positions)  # [num_tokens, head_dim // 2]
+        sin = torch.index_select(self.sin, 0, positions)
+        return torch.cat([cos, cos], dim=-1).unsqueeze(1), torch.cat([-sin, sin], dim=-1).unsqueeze(1)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Returns ``x: [num_tokens, num_heads, head_dim]`` rotated: x * cos + rotate_half(x) * sin,
+        with rotate_half(x) = [x2, x1] and the sign folded into ``sin_signed``."""
+        cos_full, sin_signed = tables
+        half = x.shape[-1] // 2
+        swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+        return torch.addcmul(x * cos_full, swapped, sin_signed)
+
     def apply_(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotates ``x: [num_tokens, num_heads, head_dim]`` in place by ``positions: [num_tokens]``."""
-        cos = torch.index_select(self.cos, 0, positions).unsqueeze(1)  # [num_tokens, 1, head_dim // 2]
-        sin = torch.index_select(self.sin, 0, positions).unsqueeze(1)
-        half = x.shape[-1] // 2
-        x1 = x[..., :half]
-        x2 = x[..., half:]
-        rotated_1 = x1 * cos - x2 * sin
-        rotated_2 = x2 * cos + x1 * sin
-        x[..., :half] = rotated_1
-        x[..., half:] = rotated_2
+        x.copy_(self.rotate(x, self.tables(positions)))
         return x

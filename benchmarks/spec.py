@@ -1,0 +1,161 @@
+"""Speculative decoding: acceptance and speed per drafter vs no speculation, one run.
+
+Prompt kinds (held-out, built in; none were used to tune anything):
+- ``code_edit``: a function plus an instruction to rename a variable (copy-heavy);
+- ``chat``: short open questions in the chat template;
+- ``long_doc_qa``: a ~4K-token document of standard-library source and a question about it.
+For each kind and concurrency (1, 4, 16 requests at once) and each setting (no speculation,
+n-gram with 4 and 8 draft tokens), greedy decoding of ``--max-tokens`` tokens: aggregate output
+tokens/s (wall time of the whole batch, prefill included, since speculation must pay for
+itself end to end) and mean acceptance length (tokens committed per verify step, bonus token
+included). Speculation is lossless here (greedy), so outputs are identical: checked.
+Writes ``results/<date>-<machine>/spec.json`` and ``spec.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.machine import machine_info, results_dir, write_json
+
+CODE_SNIPPET = '''def merge_intervals(intervals):
+    """Merge overlapping [start, end] intervals and return them sorted."""
+    ordered = sorted(intervals, key=lambda pair: pair[0])
+    merged = []
+    for start, end in ordered:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+'''
+
+CHAT_QUESTIONS = [
+    "What are three good habits for learning a new language?",
+    "Explain what a hash table is to a beginner.",
+    "Give me a short plan for a rainy Sunday.",
+    "Why do leaves change color in autumn?",
+]
+
+
+def build_prompts(tokenizer, kind: str, count: int) -> list[list[int]]:
+    def chat(content: str) -> list[int]:
+        return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": content}]),
+                                add_special_tokens=False)
+
+    prompts = []
+    for i in range(count):
+        if kind == "code_edit":
+            content = f"Rewrite this function, renaming `ordered` to `by_start{i}`. Output only code.\n\n{CODE_SNIPPET}"
+        elif kind == "chat":
+            content = CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]
+        elif kind == "long_doc_qa":
+            source = Path(sysconfig.get_paths()["stdlib"], ["textwrap.py", "shlex.py", "bisect.py", "glob.py"][i % 4])
+            doc_ids = tokenizer.encode(source.read_text())[:3800]
+            content = tokenizer.decode(doc_ids) + "\n\nQuestion: list the names of the functions defined above."
+        else:
+            raise ValueError(kind)
+        prompts.append(chat(content))
+    return prompts
+
+
+def run_setting(loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int) -> dict:
+    from dhisparse import LLM, SamplingParams
+
+    # pool sized for this batch only: each LLM preallocates (and touches) its whole hot pool
+    needed = sum(len(p) + max_tokens + 2 * 16 + spec_tokens for p in prompts)
+    capacity = max(-(-needed // 16) * 16, 8192)
+    llm = LLM(loaded=loaded, spec=spec, spec_tokens=spec_tokens, max_num_batched_tokens=1024,
+              kv_cache_tokens=capacity, max_model_len=min(capacity, loaded.config.max_position_embeddings))
+    params = SamplingParams(max_tokens=max_tokens)
+    # warm-up: builds the packed-GEMM weights for the row counts verify steps use (lazy, see model/linear.py)
+    llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    steps = sum(o.stats.get("mean_acceptance_length", 0) > 0 for o in outs)
+    accepted = sum(o.stats["accepted_tokens"] for o in outs)
+    verify_steps = sum(
+        (o.stats["accepted_tokens"] / (o.stats["mean_acceptance_length"] - 1)) if o.stats["mean_acceptance_length"] > 1 else 0
+        for o in outs
+    )
+    return {
+        "tokens": sum(len(o.token_ids) for o in outs),
+        "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall,
+        "mean_acceptance_length": (accepted + verify_steps) / verify_steps if verify_steps else (1.0 if steps else 0.0),
+        "outputs": [o.token_ids for o in outs],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from services.decoder.model.loader import load_model
+    from services.decoder.model.model_store import resolve_model_path
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spec", description=__doc__.split("\n")[0])
+    parser.add_argument("--kinds", default="code_edit,chat,long_doc_qa")
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    loaded = load_model(resolve_model_path(None))
+    settings = [("none", 0), ("ngram", 4), ("ngram", 8)]
+    rows = []
+    for kind in args.kinds.split(","):
+        for concurrency in (int(c) for c in args.concurrency.split(",")):
+            prompts = build_prompts(loaded.tokenizer, kind, concurrency)
+            base = None
+            for spec, spec_tokens in settings:
+                figures = run_setting(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1))
+                outputs = figures.pop("outputs")
+                if base is None:
+                    base = (figures["tokens_per_s"], outputs)
+                row = {"kind": kind, "concurrency": concurrency, "spec": spec, "spec_tokens": spec_tokens, **figures,
+                       "speedup_vs_none": figures["tokens_per_s"] / base[0], "lossless": outputs == base[1]}
+                rows.append(row)
+                print(f"{kind:12s} c={concurrency:2d} {spec:5s} k={spec_tokens}: {figures['tokens_per_s']:7.1f} tok/s "
+                      f"x{row['speedup_vs_none']:.2f}  acc.len {figures['mean_acceptance_length']:.2f}  lossless={row['lossless']}")
+    copy_c1 = [r for r in rows if r["kind"] == "code_edit" and r["concurrency"] == 1 and r["spec"] == "ngram"]
+    targets = {"ngram_speedup_copy_heavy_c1>=1.5": max((r["speedup_vs_none"] for r in copy_c1), default=0) >= 1.5,
+               "all_lossless": all(r["lossless"] for r in rows)}
+    result = {"benchmark": "spec", "machine": machine_info(), "model": str(loaded.source),
+              "settings": {"max_tokens": args.max_tokens, "dtype": "float32", "attention": "dense",
+                           "threads": torch.get_num_threads()},
+              "rows": rows, "targets": targets}
+    out_dir = Path(args.out) if args.out else results_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "spec.json", result)
+    _plot(rows, out_dir / "spec.png")
+    for name, ok in targets.items():
+        print(f"{name}: {'PASS' if ok else 'FAIL'}")
+    return 0
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = sorted({r["kind"] for r in rows})
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        for spec, spec_tokens in sorted({(r["spec"], r["spec_tokens"]) for r in rows}):
+            sel = [r for r in rows if r["kind"] == kind and r["spec"] == spec and r["spec_tokens"] == spec_tokens]
+            label = "no speculation" if spec == "none" else f"{spec} k={spec_tokens}"
+            ax.plot([r["concurrency"] for r in sel], [r["tokens_per_s"] for r in sel], "o-", label=label)
+        ax.set_title(kind)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel("output tokens/s")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
