@@ -54,3 +54,25 @@ def test_outputs_identical_with_and_without_the_host_tier(loaded_model, kvtier_p
     assert [o.token_ids for o in tiered.generate(prompts, params)] == [o.token_ids for o in llm.generate(prompts, params)]
     stats = tiered.engine.host_tier.client.stats(check_integrity=True)
     assert stats["integrity_ok"] and stats["num_used_pages"] == 0 and stats["num_requests"] == 0, stats
+
+
+def test_preempted_requests_come_back_from_host_pages_not_recompute(loaded_model, kvtier_process):
+    """Under slot pressure the scheduler preempts; with the host tier, written-back pages are
+    copied back (a prefill counter proves they are not recomputed) and nothing changes."""
+    kvtier = kvtier_process(**SMOLLM_LAYOUT, host_pool_pages=512)
+    tok = loaded_model.tokenizer
+    prompts = [tok.encode(long_document(n)) for n in (40, 12, 35, 5)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    tight = dict(kv_cache_tokens=60 * 16, max_model_len=60 * 16, max_num_batched_tokens=256)
+    recompute = LLM(loaded=loaded_model, **tight).generate(prompts, params)
+    tiered_llm = LLM(loaded=loaded_model, kvtier_address=kvtier.address, decoder_id="dec-c", **tight)
+    swapped = tiered_llm.generate(prompts, params)
+    assert [o.token_ids for o in swapped] == [o.token_ids for o in recompute]
+    assert sum(o.stats["num_preemptions"] for o in swapped) > 0
+    assert sum(o.stats["num_swapped_in_pages"] for o in swapped) > 0
+    prefill_swapped = sum(o.stats["num_prefill_tokens"] for o in swapped)
+    prefill_recompute = sum(o.stats["num_prefill_tokens"] for o in recompute)
+    assert prefill_swapped < prefill_recompute
+    assert tiered_llm.engine.check_integrity()
+    stats = tiered_llm.engine.host_tier.client.stats(check_integrity=True)
+    assert stats["integrity_ok"] and stats["num_used_pages"] == 0, stats

@@ -141,6 +141,7 @@ class Engine:
             self.host_tier.sync({s.request.request_id: len(s.request.slots) for s in batch})
         if not batch:
             return []
+        self._swap_in(batch)
         now = time.perf_counter()
         for sched in batch:
             if sched.request.stats.first_scheduled_s is None:
@@ -173,7 +174,22 @@ class Engine:
         self.runner.seal_pages([slot for _, _, slot in sealed])
         if self.host_tier is not None:
             self.host_tier.write_back(sealed)
+            for sched in batch:
+                if not sched.request.is_finished:
+                    sched.request.num_host_pages = self.host_tier.num_sealed.get(sched.request.request_id, 0)
         return events
+
+    def _swap_in(self, batch) -> None:
+        """Copies written-back pages of re-admitted (preempted) requests into their new slots."""
+        for sched in batch:
+            request = sched.request
+            if request.num_swap_in_pages:
+                self.host_tier.fetch(request.request_id, request.num_swap_in_pages, request.slots)
+                self.runner.seal_pages(request.slots[: request.num_swap_in_pages])
+                request.stats.num_swapped_in_pages += request.num_swap_in_pages
+                request.num_swap_in_pages = 0
+            if sched.num_new_tokens > 1:
+                request.stats.num_prefill_tokens += sched.num_new_tokens
 
     def _propose_drafts(self) -> None:
         if self.drafter is None:

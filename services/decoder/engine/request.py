@@ -31,6 +31,8 @@ class RequestStats:
     first_token_s: float | None = None
     finished_s: float | None = None
     num_preemptions: int = 0
+    num_prefill_tokens: int = 0  # tokens computed in prefill chunks (recompute included)
+    num_swapped_in_pages: int = 0
     num_verify_steps: int = 0  # decode steps that verified a non-empty draft
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -45,6 +47,8 @@ class RequestStats:
             "decode_s": decode_s,
             "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
             "num_preemptions": self.num_preemptions,
+            "num_prefill_tokens": self.num_prefill_tokens,
+            "num_swapped_in_pages": self.num_swapped_in_pages,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             # tokens committed per verify step, bonus token included (as DFlash / DSpark report it)
@@ -71,7 +75,9 @@ class Request:
         self.max_total_len = min(max_model_len, len(prompt_ids) + params.max_tokens)
         self.slots: list[int] = []  # page table: logical page -> hot-pool slot
         self.num_computed_tokens = 0
-        self.draft_ids: list[int] = []  # proposed for the next step; never part of the request's tokens
+        self.draft_ids: list[int] = []
+        self.num_host_pages = 0  # leading pages whose bytes the host tier holds (written back)
+        self.num_swap_in_pages = 0  # after a preemption: leading pages to copy back from the host  # proposed for the next step; never part of the request's tokens
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stats = RequestStats()

@@ -67,7 +67,9 @@ class Scheduler:
     def _preempt(self, victim: Request) -> None:
         self.running.remove(victim)
         self.release(victim)
-        victim.num_computed_tokens = 0
+        # pages already written back to the host tier come back by copy, not recompute
+        victim.num_computed_tokens = victim.num_host_pages * self.page_size
+        victim.num_swap_in_pages = victim.num_host_pages
         victim.draft_ids = []
         victim.status = RequestStatus.WAITING
         victim.stats.num_preemptions += 1

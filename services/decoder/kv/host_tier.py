@@ -7,7 +7,8 @@ Per engine step, one ``Step`` RPC, sent before the forward, carries:
   - frees: requests that finished during the previous step.
 After the forward and acceptance, the pages sealed in this step are copied from the hot pool
 straight into their host pages in shared memory (``gather_pages``); their commit rides on the
-next step's call. A clean page can then leave the hot pool at no cost.
+next step's call. A clean page can then leave the hot pool at no cost: a preempted request
+comes back by ``fetch`` (host -> hot) instead of recomputing its written-back pages.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class HostTier:
         self._pending_commits: dict[str, int] = {}
         self._pending_frees: list[str] = []
         self.num_written_pages = 0
+        self.num_fetched_pages = 0
         self.num_step_calls = 0
 
     def sync(self, page_counts: dict[str, int]) -> None:
@@ -67,6 +69,18 @@ class HostTier:
             done = max(self.num_sealed.get(rid, 0), page + 1)
             self.num_sealed[rid] = done
             self._pending_commits[rid] = done
+
+    def fetch(self, request_id: str, num_pages: int, slots: list[int]) -> None:
+        """Copies the request's first ``num_pages`` host pages into hot ``slots`` (every layer)."""
+        if num_pages == 0:
+            return
+        host_ids = torch.tensor(self.host_pages[request_id][:num_pages], dtype=torch.int64)
+        dst = torch.tensor(slots[:num_pages], dtype=torch.int64)
+        for layer in range(self.pool.num_layers):
+            host_k, host_v = self.client.host_pages(layer)
+            gather_pages(host_k, self.pool.k[layer], host_ids, dst, check_indices=False)
+            gather_pages(host_v, self.pool.v[layer], host_ids, dst, check_indices=False)
+        self.num_fetched_pages += num_pages
 
     def release(self, request_id: str) -> None:
         """The request finished: its host pages are freed with the next call."""
