@@ -4,7 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 PY := $(VENV)/bin/python
 PROMPT ?= Explain in two sentences why the sky is blue.
 
-.PHONY: install run test bench clean-venv
+.PHONY: install run up test bench clean-venv
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,10 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(VENV)/bin/dhisparse models pull
 	$(VENV)/bin/dhisparse generate --chat --max-tokens 96 --prompt "$(PROMPT)"
+
+up: install
+	$(VENV)/bin/dhisparse models pull
+	$(VENV)/bin/dhisparse up
 
 test: install
 	$(VENV)/bin/dhisparse models pull

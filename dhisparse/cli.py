@@ -64,6 +64,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from benchmarks.decode import main as decode_main
 
         return decode_main(args.rest)
+    if args.which == "serve":
+        from benchmarks.serve.run import main as serve_main
+
+        return serve_main(args.rest)
     raise SystemExit(f"unknown benchmark {args.which!r}")
 
 
@@ -120,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_generate)
 
     bench = sub.add_parser("bench", help="run a benchmark (writes JSON under results/)")
-    bench.add_argument("which", choices=["decode"])
+    bench.add_argument("which", choices=["decode", "serve"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_cmd_bench)
 

@@ -1,0 +1,1 @@
+"""Serving benchmark (``dhisparse bench serve``): see ``benchmarks.serve.run``."""

@@ -1,0 +1,3 @@
+from benchmarks.serve.run import main
+
+raise SystemExit(main())

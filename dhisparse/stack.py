@@ -1,0 +1,228 @@
+"""``dhisparse up``: the whole local stack as separate processes on one machine.
+
+Starts an embedded Redis (unix socket), kvtier (when ``services.kvtier`` is runnable), one
+decoder and the gateway; waits until each answers its health check; prints the URL and a curl
+example; on Ctrl-C / SIGTERM stops them in reverse order (the decoder drains first), stops
+Redis and removes kvtier's shared-memory segment if it is left behind. ``LocalStack`` is the same
+thing as a class (the serving tests start it once per session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.metadata.redis_server import RedisServer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kvtier_available() -> bool:
+    return importlib.util.find_spec("services.kvtier.__main__") is not None
+
+
+@dataclass
+class StackOptions:
+    host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    decoder_port: int = 50051
+    kvtier_port: int = 50061
+    kvtier: bool | None = None  # None = run it when services.kvtier is runnable
+    kvtier_pool_gib: float = 1.0
+    instance: str = field(default_factory=lambda: f"up-{os.getpid()}")
+    workdir: Path | None = None  # None = a fresh temporary directory, removed at stop
+    api_keys: list[str] = field(default_factory=list)
+    decoder_args: list[str] = field(default_factory=list)  # extra flags for the decoder
+    gateway_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every process
+    startup_timeout_s: float = 120.0
+
+
+class StackError(RuntimeError):
+    pass
+
+
+class LocalStack:
+    def __init__(self, options: StackOptions | None = None):
+        self.options = options or StackOptions()
+        self._own_workdir = self.options.workdir is None
+        self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="dhisparse-up-"))
+        self.redis: RedisServer | None = None
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.run_kvtier = kvtier_available() if self.options.kvtier is None else self.options.kvtier
+
+    # ---- addresses ------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.options.host}:{self.options.gateway_port}"
+
+    @property
+    def decoder_address(self) -> str:
+        return f"{self.options.host}:{self.options.decoder_port}"
+
+    @property
+    def segment_name(self) -> str:
+        return f"dhisparse-kvtier-{self.options.instance}"
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self, log=print) -> LocalStack:
+        o = self.options
+        try:
+            self.redis = RedisServer(directory=self.workdir / "redis").start()
+            log(f"redis    {self.redis.url}")
+            if self.run_kvtier:
+                self._spawn("kvtier", ["-m", "services.kvtier", "--host", o.host, "--port", str(o.kvtier_port),
+                                       "--redis-url", self.redis.url, "--instance", o.instance,
+                                       "--host-pool-gib", str(o.kvtier_pool_gib)])
+                self._wait("kvtier", lambda: _tcp_open(o.host, o.kvtier_port))
+                log(f"kvtier   {o.host}:{o.kvtier_port} (shm {self.segment_name})")
+            else:
+                log("kvtier   not started: services.kvtier is not runnable in this checkout "
+                    "(the decoder serves from its own hot pool)")
+            self._spawn("decoder", ["-m", "services.decoder.service", "--host", o.host,
+                                    "--port", str(o.decoder_port), "--advertise-address", self.decoder_address,
+                                    "--decoder-id", f"decoder-{o.instance}", "--redis-url", self.redis.url,
+                                    *o.decoder_args])
+            from services.decoder.service.server import probe
+
+            self._wait("decoder", lambda: probe(self.decoder_address, timeout_s=1.0))
+            log(f"decoder  {self.decoder_address}")
+            keys = [a for k in o.api_keys for a in ("--api-key", k)]
+            self._spawn("gateway", ["-m", "services.gateway", "--host", o.host, "--port", str(o.gateway_port),
+                                    "--redis-url", self.redis.url, "--log-level", "warning", *keys, *o.gateway_args])
+            self._wait("gateway", self._gateway_ready)
+            log(f"gateway  {self.url}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log_file = open(self.workdir / f"{name}.log", "wb")
+        env = {**os.environ, **self.options.env}
+        # Own session: Ctrl-C reaches only this launcher, which stops the services in order.
+        self.processes[name] = subprocess.Popen([sys.executable, *args], stdout=log_file, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        log_file.close()
+
+    def _wait(self, name: str, ready) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        process = self.processes[name]
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise StackError(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
+            try:
+                if ready():
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.1)
+        raise StackError(f"{name} was not healthy within {self.options.startup_timeout_s} s:\n{self.log_tail(name)}")
+
+    def _gateway_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1.0) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, name: str, num_lines: int = 30) -> str:
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stops gateway, decoder (drains), kvtier, Redis; removes leftovers. Safe to call twice."""
+        for name in ("gateway", "decoder", "kvtier"):
+            process = self.processes.pop(name, None)
+            if process is None or process.poll() is not None:
+                continue
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+        if self.run_kvtier:
+            leftover = Path("/dev/shm") / self.segment_name
+            if leftover.exists():
+                leftover.unlink()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _tcp_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address every service binds to")
+    parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
+    parser.add_argument("--decoder-port", type=int, default=50051)
+    parser.add_argument("--kvtier-port", type=int, default=50061)
+    parser.add_argument("--no-kvtier", action="store_true", help="do not start kvtier")
+    parser.add_argument("--kvtier-pool-gib", type=float, default=1.0, help="kvtier host pool size")
+    parser.add_argument("--api-key", action="append", default=[], help="require this Bearer key (repeatable)")
+    parser.add_argument("--model", help="model for the decoder (.gguf or HF-style dir; default: the default model)")
+    parser.add_argument("--workdir", type=Path, help="logs and Redis socket (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    options = StackOptions(host=args.host, gateway_port=args.port, decoder_port=args.decoder_port,
+                           kvtier_port=args.kvtier_port, kvtier=False if args.no_kvtier else None,
+                           kvtier_pool_gib=args.kvtier_pool_gib, workdir=args.workdir, api_keys=args.api_key,
+                           decoder_args=["--model", args.model] if args.model else [])
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stack = LocalStack(options)
+    try:
+        stack.start()
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    auth = f" -H 'Authorization: Bearer {args.api_key[0]}'" if args.api_key else ""
+    print(f"\ndhisparse is up: {stack.url}  (OpenAI-compatible; logs in {stack.workdir})\n"
+          f"  curl {stack.url}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\\n"
+          f"    -d '{{\"model\": \"SmolLM2-135M-Instruct\", \"messages\": [{{\"role\": \"user\", "
+          f"\"content\": \"Hello!\"}}]}}'\n"
+          "Ctrl-C stops everything.", flush=True)
+    try:
+        while not stop.wait(1.0):
+            for name, process in stack.processes.items():
+                if process.poll() is not None:
+                    print(f"error: {name} exited with {process.returncode}:\n{stack.log_tail(name)}", file=sys.stderr)
+                    stop.set()
+    finally:
+        print("stopping ...", flush=True)
+        stack.stop()
+        print("stopped", flush=True)
+    return 0

@@ -1,0 +1,1 @@
+"""The decoder as a gRPC service: engine loop thread, Redis heartbeat, thin servicer."""

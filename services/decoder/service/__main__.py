@@ -1,0 +1,46 @@
+"""``python -m services.decoder.service [--port N] [--redis-url URL] ...``: run one decoder.
+
+Flags override ``DecoderConfig`` fields (which env vars ``DHISPARSE_DECODER_*`` also set).
+``--probe HOST:PORT`` checks a running decoder's health instead (exit 0 when serving).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def build_parser(prog: str = "python -m services.decoder.service") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="run a decoder (gRPC) process")
+    parser.add_argument("--model", help=".gguf file or HF-style directory (default: the default model)")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--redis-url", help="register in this Redis with a heartbeat")
+    parser.add_argument("--decoder-id")
+    parser.add_argument("--advertise-address", help="host:port gateways dial")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--kv-cache-tokens", type=int)
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--attention", choices=["dense", "sparse"])
+    parser.add_argument("--threads", dest="num_threads", type=int)
+    parser.add_argument("--probe", metavar="HOST:PORT", help="exit 0 if the decoder there is serving")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_parser(prog or "python -m services.decoder.service").parse_args(argv)
+    if args.probe:
+        from services.decoder.service.server import probe
+
+        return 0 if probe(args.probe) else 1
+    from services.decoder.config import DecoderConfig
+    from services.decoder.service.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s decoder %(levelname)s %(message)s")
+    overrides = {k: v for k, v in vars(args).items() if v is not None and k != "probe"}
+    return serve(DecoderConfig(**overrides))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Runs one ``Engine`` in its own thread and lets many threads use it.
+
+The engine is single-threaded, so every engine call happens on the loop thread. Other threads
+talk to it through a command queue:
+
+- ``submit`` queues a request and blocks until the loop thread has admitted (or refused) it, so a
+  refusal surfaces as an exception in the caller; admitted requests stream ``Output`` objects into
+  their own ``RequestHandle`` queue, the last one with ``finished=True``.
+- ``cancel`` aborts a request (its slots are freed on the loop thread); its handle gets a final
+  ``Output`` with ``finish_reason="abort"``.
+- ``drain`` stops admitting new requests and lets the in-flight ones finish; ``stop`` drains and
+  ends the thread once nothing is left (or aborts what is left after a timeout).
+
+The loop sleeps on the command queue while the engine is idle and wakes on the next command.
+``stats()`` returns a snapshot taken after every step, safe to read from any thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from services.decoder.engine.engine import Engine, TokenEvent
+from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
+
+
+class QueueFullError(RuntimeError):
+    """The decoder's waiting queue is at ``max_num_waiting``; try another decoder or later."""
+
+
+class DrainingError(RuntimeError):
+    """The loop is draining or stopped and admits nothing new."""
+
+
+@dataclass
+class Output:
+    """What the engine produced for one request in one step (or its end)."""
+
+    request_id: str
+    token_ids: list[int]
+    text_delta: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_output_tokens: int  # cumulative
+    timing: dict | None = None  # on the final output: ``finished_stats``
+
+
+def finished_stats(stats, num_output_tokens: int) -> dict:
+    """Timing and speculation totals of a finished request (``RequestStats`` fields; absent ones 0)."""
+    timing = stats.as_dict(num_output_tokens)
+    return {
+        "queue_s": timing.get("queue_s", 0.0), "prefill_s": timing.get("prefill_s", 0.0),
+        "decode_s": timing.get("decode_s", 0.0), "num_preemptions": int(timing.get("num_preemptions", 0)),
+        "num_draft_tokens": int(getattr(stats, "drafted_tokens", 0)),
+        "num_accepted_tokens": int(getattr(stats, "accepted_tokens", 0)),
+        "num_verify_steps": int(getattr(stats, "num_verify_steps", 0)),
+    }
+
+
+class RequestHandle:
+    """The caller's side of one request: a queue of ``Output`` ending with a finished one."""
+
+    def __init__(self, request_id: str, num_prompt_tokens: int):
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self._outputs: queue.Queue[Output] = queue.Queue()
+
+    def get(self, timeout: float | None = None) -> Output:
+        """Next output; raises ``queue.Empty`` after ``timeout`` seconds."""
+        return self._outputs.get(timeout=timeout)
+
+    def __iter__(self):
+        while True:
+            output = self._outputs.get()
+            yield output
+            if output.finished:
+                return
+
+
+@dataclass
+class LoopStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_slots: int = 0
+    num_total_slots: int = 0
+    num_requests_finished: int = 0
+    num_generated_tokens: int = 0
+    num_prompt_tokens: int = 0
+    num_steps: int = 0
+    draining: bool = False
+    residency_mode_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Submit:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    admitted: Future
+
+
+@dataclass
+class _Cancel:
+    request_id: str
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, max_num_waiting: int = 64):
+        self.engine = engine
+        self.max_num_waiting = max_num_waiting
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._draining = threading.Event()
+        self._stopping = threading.Event()
+        self._stats_lock = threading.Lock()
+        self._stats = LoopStats(num_total_slots=engine.allocator.num_slots,
+                                num_free_slots=engine.allocator.num_free_slots)
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._error: BaseException | None = None
+
+    # ---- any thread -------------------------------------------------------------------------
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+               timeout: float | None = 30.0) -> RequestHandle:
+        """Queues a request; returns its handle once admitted. Raises ``InvalidRequestError``,
+        ``QueueFullError`` or ``DrainingError`` (nothing queued in those cases)."""
+        if self._draining.is_set():
+            raise DrainingError("the decoder is draining and admits no new requests")
+        admitted: Future = Future()
+        self._commands.put(_Submit(request_id, list(prompt_ids), params, admitted))
+        return admitted.result(timeout=timeout)
+
+    def cancel(self, request_id: str) -> None:
+        """Asks the loop to abort ``request_id`` (no-op if unknown or finished)."""
+        self._commands.put(_Cancel(request_id))
+
+    def drain(self) -> None:
+        """Stops admitting; in-flight requests keep running to completion."""
+        self._draining.set()
+        with self._stats_lock:
+            self._stats.draining = True
+        self._commands.put(None)  # wake
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Drains, waits up to ``timeout`` for in-flight requests, aborts the rest, ends the thread.
+        Returns True when every request finished on its own."""
+        self.drain()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_alive() and self.num_in_flight and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.02)
+        finished_cleanly = self.num_in_flight == 0
+        self._stopping.set()
+        self._commands.put(None)
+        self._thread.join(timeout=10)
+        return finished_cleanly
+
+    def is_active(self, request_id: str) -> bool:
+        """True while ``request_id`` is admitted and not finished."""
+        return request_id in self._handles
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
+
+    @property
+    def num_in_flight(self) -> int:
+        with self._stats_lock:
+            return self._stats.num_running + self._stats.num_waiting
+
+    def stats(self) -> LoopStats:
+        with self._stats_lock:
+            return dataclasses.replace(self._stats, residency_mode_counts=dict(self._stats.residency_mode_counts))
+
+    # ---- loop thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                idle = not self.engine.has_unfinished()
+                if self._stopping.is_set():
+                    self._abort_all()
+                    self._publish_stats()
+                    return
+                self._take_commands(block=idle)
+                if self.engine.has_unfinished():
+                    self._dispatch(self.engine.step())
+                    with self._stats_lock:
+                        self._stats.num_steps += 1
+                self._publish_stats()
+        except BaseException as exc:  # the engine failed: end every stream instead of hanging them
+            self._error = exc
+            self._abort_all()
+            raise
+
+    def _take_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(command, _Submit):
+                self._admit(command)
+            elif isinstance(command, _Cancel):
+                self._cancel(command.request_id)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _admit(self, command: _Submit) -> None:
+        if not command.admitted.set_running_or_notify_cancel():
+            return
+        if self._draining.is_set():
+            command.admitted.set_exception(DrainingError("the decoder is draining and admits no new requests"))
+            return
+        if len(self.engine.scheduler.waiting) >= self.max_num_waiting:
+            command.admitted.set_exception(QueueFullError(
+                f"{len(self.engine.scheduler.waiting)} requests are waiting (max_num_waiting={self.max_num_waiting})"))
+            return
+        try:
+            request_id = self.engine.add_request(command.prompt_ids, command.params, command.request_id)
+        except InvalidRequestError as exc:
+            command.admitted.set_exception(exc)
+            return
+        handle = RequestHandle(request_id, len(command.prompt_ids))
+        self._handles[request_id] = handle
+        with self._stats_lock:
+            self._stats.num_prompt_tokens += len(command.prompt_ids)
+        command.admitted.set_result(handle)
+
+    def _cancel(self, request_id: str) -> None:
+        if request_id in self._handles and self.engine.abort(request_id):
+            self._dispatch([TokenEvent(request_id, None, "", True, "abort")])
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        num_new_tokens = 0
+        for event in events:
+            handle = self._handles.get(event.request_id)
+            if handle is None:
+                continue
+            request = self.engine.requests[event.request_id]
+            token_ids = [event.token_id] if event.token_id is not None else []
+            num_new_tokens += len(token_ids)
+            timing = None
+            if event.finished:
+                self.engine.pop_finished(event.request_id)
+                del self._handles[event.request_id]
+                timing = finished_stats(request.stats, len(request.output_ids))
+                with self._stats_lock:
+                    self._stats.num_requests_finished += 1
+            handle._outputs.put(Output(
+                event.request_id, token_ids, event.text_delta, event.finished, event.finish_reason,
+                request.num_prompt_tokens, len(request.output_ids), timing))
+        with self._stats_lock:
+            self._stats.num_generated_tokens += num_new_tokens
+
+    def _abort_all(self) -> None:
+        for request_id in list(self._handles):
+            try:
+                self.engine.abort(request_id)
+            except Exception:  # noqa: BLE001 - the engine may be broken; still end the stream
+                pass
+            handle = self._handles.pop(request_id)
+            self.engine.requests.pop(request_id, None)
+            handle._outputs.put(Output(request_id, [], "", True, "abort", handle.num_prompt_tokens, 0))
+        while True:  # refuse submits that raced with the stop
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Submit) and command.admitted.set_running_or_notify_cancel():
+                command.admitted.set_exception(DrainingError("the decoder stopped"))
+
+    def _publish_stats(self) -> None:
+        scheduler = self.engine.scheduler
+        with self._stats_lock:
+            self._stats.num_running = len(scheduler.running)
+            self._stats.num_waiting = len(scheduler.waiting)
+            self._stats.num_free_slots = self.engine.allocator.num_free_slots
+            live = self._stats.num_running + self._stats.num_waiting
+            self._stats.residency_mode_counts = {"full": live, "sparse": 0}

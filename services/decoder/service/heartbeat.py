@@ -1,0 +1,111 @@
+"""Registers a decoder in Redis and keeps its heartbeat fresh so gateways can route to it.
+
+Each beat writes one hash (load, free slots, running/waiting counts, residency mode counts,
+draining flag: ``heartbeat_fields``) under ``Keys.decoder_heartbeat`` with a TTL of ``ttl_s``; a decoder that
+stops beating disappears from gateways' view once the key expires. ``deregister`` removes it at
+once (clean shutdown).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from services.decoder.service.engine_loop import LoopStats
+from services.metadata.keys import Keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecoderIdentity:
+    decoder_id: str
+    address: str  # host:port gateways dial
+    model: str
+    max_num_seqs: int
+    max_num_waiting: int
+
+
+def heartbeat_fields(identity: DecoderIdentity, stats: LoopStats) -> dict[str, str | int | float]:
+    """The hash one beat writes. ``load`` is requests per batch seat (1.0 = every seat taken);
+    ``saturated`` (0/1) means the waiting queue is full; ``num_<mode>`` counts live requests per
+    residency mode."""
+    num_live = stats.num_running + stats.num_waiting
+    fields = {
+        "decoder_id": identity.decoder_id,
+        "address": identity.address,
+        "model": identity.model,
+        "num_running": stats.num_running,
+        "num_waiting": stats.num_waiting,
+        "max_num_seqs": identity.max_num_seqs,
+        "max_num_waiting": identity.max_num_waiting,
+        "num_free_slots": stats.num_free_slots,
+        "num_total_slots": stats.num_total_slots,
+        "load": num_live / identity.max_num_seqs,
+        "saturated": int(stats.num_waiting >= identity.max_num_waiting),
+        "draining": int(stats.draining),
+        "num_generated_tokens": stats.num_generated_tokens,
+        "updated_unix_s": time.time(),
+    }
+    for mode, count in stats.residency_mode_counts.items():
+        fields[f"num_{mode}"] = count
+    return fields
+
+
+class Heartbeat:
+    def __init__(self, client: redis.Redis, identity: DecoderIdentity, stats: Callable[[], LoopStats],
+                 interval_s: float = 1.0, ttl_s: float = 5.0, keys: Keys | None = None):
+        self.client = client
+        self.keys = keys or Keys()
+        self.identity = identity
+        self.stats = stats
+        self.interval_s = interval_s
+        self.ttl_ms = int(ttl_s * 1000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def beat(self) -> dict:
+        """Writes one heartbeat now. Mutates: the heartbeat key and the decoders set in Redis."""
+        fields = heartbeat_fields(self.identity, self.stats())
+        key = self.keys.decoder_heartbeat(self.identity.decoder_id)
+        pipe = self.client.pipeline()
+        pipe.sadd(self.keys.decoders(), self.identity.decoder_id)
+        pipe.delete(key)  # fields of a mode that is gone must not linger
+        pipe.hset(key, mapping=fields)
+        pipe.pexpire(key, self.ttl_ms)
+        pipe.execute()
+        return fields
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except redis.RedisError as exc:  # Redis restarts: keep serving, beat again later
+                log.warning("heartbeat failed: %s", exc)
+
+    def stop(self, deregister: bool = True) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if deregister:
+            try:
+                self.deregister()
+            except redis.RedisError as exc:
+                log.warning("deregister failed: %s", exc)
+
+    def deregister(self) -> None:
+        """Removes this decoder from the registry. Mutates: both Redis keys."""
+        pipe = self.client.pipeline()
+        pipe.srem(self.keys.decoders(), self.identity.decoder_id)
+        pipe.delete(self.keys.decoder_heartbeat(self.identity.decoder_id))
+        pipe.execute()

@@ -1,0 +1,83 @@
+"""HTTP routes: parse, authorize, hand over to ``GenerationService``, translate errors."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from services.gateway.errors import APIError, body_too_large, invalid_api_key
+from services.gateway.schemas import ChatCompletionRequest, CompletionRequest, parse_request
+
+
+def require_api_key(request: Request) -> None:
+    keys = request.app.state.config.api_keys
+    if not keys:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or token.strip() not in keys:
+        raise invalid_api_key()
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body; 413 once it passes ``max_body_bytes`` (declared or streamed)."""
+    limit = request.app.state.config.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise body_too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+api = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+ops = APIRouter()
+
+
+async def _serve(request: Request, req) -> Response:
+    service = request.app.state.generation
+    if req.stream:
+        events = await service.stream(req)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return JSONResponse(await service.complete(req, request.is_disconnected))
+
+
+@api.post("/completions")
+async def completions(request: Request) -> Response:
+    return await _serve(request, parse_request(CompletionRequest, await read_body(request)))
+
+
+@api.post("/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, parse_request(ChatCompletionRequest, await read_body(request)))
+
+
+@api.get("/models")
+async def models(request: Request) -> dict:
+    config = request.app.state.config
+    return {"object": "list", "data": [{"id": config.model_name, "object": "model",
+                                        "created": request.app.state.started, "owned_by": "dhisparse"}]}
+
+
+@ops.get("/health")
+async def health(request: Request) -> Response:
+    decoders = [d for d in await request.app.state.registry.decoders() if not d.draining]
+    body = {"status": "ok" if decoders else "no_decoder", "num_decoders": len(decoders), "time": int(time.time())}
+    return JSONResponse(body, status_code=200 if decoders else 503)
+
+
+@ops.get("/metrics")
+async def metrics(request: Request) -> Response:
+    await request.app.state.registry.decoders()  # refresh the per-decoder gauges
+    return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def api_error_handler(request: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
