@@ -59,16 +59,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = {  # name -> module with main(argv) -> int
+    "decode": "benchmarks.decode",
+    "context_sweep": "benchmarks.context_sweep",
+    "sparse_quality": "benchmarks.sparse_quality.run",
+    "spec": "benchmarks.spec",
+    "serve": "benchmarks.serve.run",
+    "h200_projection": "benchmarks.h200_projection.run",
+}
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.which == "decode":
-        from benchmarks.decode import main as decode_main
+    import importlib
 
-        return decode_main(args.rest)
-    if args.which == "serve":
-        from benchmarks.serve.run import main as serve_main
-
-        return serve_main(args.rest)
-    raise SystemExit(f"unknown benchmark {args.which!r}")
+    rest = [a for a in args.rest if a != "--"]
+    return importlib.import_module(BENCHMARKS[args.which]).main(rest)
 
 
 def _cmd_kvtier(args: argparse.Namespace) -> int:
@@ -124,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_generate)
 
     bench = sub.add_parser("bench", help="run a benchmark (writes JSON under results/)")
-    bench.add_argument("which", choices=["decode", "serve"])
+    bench.add_argument("which", choices=sorted(BENCHMARKS))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_cmd_bench)
 
