@@ -27,6 +27,7 @@ class HostTier:
         self.client = client
         self.pool = pool
         client.attach()
+        client.start_heartbeat()  # keeps the lease while the engine is idle (steps renew it too)
         self.host_pages: dict[str, list[int]] = {}  # request -> host page id per logical page
         self.num_sealed: dict[str, int] = {}  # request -> leading pages copied to the host
         self._pending_commits: dict[str, int] = {}
