@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import machine_info, results_dir, write_json
+from benchmarks.plotting import pyplot
 
 SOURCE_TOKENS = 1024
 
@@ -128,10 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(rows: list[dict], path: Path, trained_len: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     xs = [r["context_len"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.2))

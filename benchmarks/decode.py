@@ -17,7 +17,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import machine_info, measured_read_bandwidth_bytes_per_s, results_dir, write_json
+from benchmarks.machine import (
+    machine_info,
+    measured_read_bandwidth_bytes_per_s,
+    results_dir,
+    write_json,
+)
+from benchmarks.plotting import pyplot
 
 
 def _prompts(tokenizer, count: int, target_len: int) -> list[list[int]]:
@@ -143,14 +149,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed (pip install -e '.[bench]'): skipping the plot")
-        return
+    plt = pyplot()
     keys = [k for k in result["ours"] if k in result["transformers"]] or list(result["ours"])
     labels = [k.replace("_tokens_per_s", "").replace("_", "\n") for k in keys]
     xs = range(len(keys))

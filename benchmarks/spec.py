@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import machine_info, results_dir, write_json
+from benchmarks.plotting import pyplot
 
 CODE_SNIPPET = '''def merge_intervals(intervals):
     """Merge overlapping [start, end] intervals and return them sorted."""
@@ -136,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     kinds = sorted({r["kind"] for r in rows})
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), squeeze=False)

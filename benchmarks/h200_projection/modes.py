@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 from benchmarks.h200_projection.constants import Hardware, Speculation, Workload
 from benchmarks.h200_projection.shapes import ModelShape
-from benchmarks.h200_projection.step_model import Batch, StepCost, step_cost, working_set_pages
+from benchmarks.h200_projection.step_model import (
+    Batch,
+    StepCost,
+    step_cost,
+    working_set_pages,
+)
 from benchmarks.h200_projection.traces import HitCurve, TraceInputs
 
 MODES = ("dense-resident", "always-sparse", "adaptive")

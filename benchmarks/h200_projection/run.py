@@ -7,9 +7,15 @@ import dataclasses
 from pathlib import Path
 
 from benchmarks.h200_projection import constants as C
-from benchmarks.h200_projection.modes import curve_for, dense_fit, pcie_break_even, project_all
+from benchmarks.h200_projection.modes import (
+    curve_for,
+    dense_fit,
+    pcie_break_even,
+    project_all,
+)
 from benchmarks.h200_projection.shapes import MODELS
 from benchmarks.h200_projection.traces import load_trace
+from benchmarks.plotting import pyplot
 
 GB = 1e9
 
@@ -72,14 +78,7 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed (pip install -e '.[bench]'): skipping the plot")
-        return False
+    plt = pyplot()
     models = list(dict.fromkeys(r["model"] for r in result["rows"]))
     series = [(m, s) for m in ("dense-resident", "always-sparse", "adaptive") for s in ("off", "on")]
     fig, ax = plt.subplots(figsize=(10, 5))

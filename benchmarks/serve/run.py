@@ -15,6 +15,7 @@ import asyncio
 from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
+from benchmarks.plotting import pyplot
 from benchmarks.serve.load import run_load, summarize
 from benchmarks.serve.workload import arrival_offsets_s, build_prompts
 
@@ -67,14 +68,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed (pip install -e '.[bench]'): skipping the plot")
-        return
+    plt = pyplot()
     ok = [r for r in result["records"] if r["ok"]]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for ax, key, label in ((axes[0], "ttft_s", "TTFT (ms)"), (axes[1], "tpot_s", "TPOT (ms)")):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.plotting import pyplot
 from benchmarks.sparse_quality.driver import Settings
 from benchmarks.sparse_quality.tasks import (
     PASSKEY_TARGET_BUDGETS,
@@ -68,14 +69,7 @@ def summarize(settings: Settings, ppl: dict, greedy: dict, passkey: dict) -> tup
 
 
 def plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed (pip install -e '.[bench]'): skipping the plot")
-        return
+    plt = pyplot()
     budgets = result["settings"]["budgets"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for window in result["settings"]["ppl_windows"]:
