@@ -71,9 +71,17 @@ def page_scores(
         rows = slice(start, start + chunk)
         req = token_req[rows].long()
         flat = (req.numel(), used_pages, num_kv_heads * head_dim)
-        d_max = digest_max[req, :used_pages].float().reshape(flat)  # [c, used_pages, kvh*hd]
-        d_min = digest_min[req, :used_pages].float().reshape(flat)
-        bound = d_max.mul_(q_pos[rows]).add_(d_min.mul_(q_neg[rows])).sum(-1)  # [c, used_pages]
+        if req.numel() == digest_max.shape[0] and torch.equal(req, torch.arange(req.numel(), device=req.device)):
+            # one token per request, in batch order (plain decode): views, no gathered copy
+            d_max = digest_max[:, :used_pages].float().reshape(flat)  # [c, used_pages, kvh*hd]
+            d_min = digest_min[:, :used_pages].float().reshape(flat)
+        else:
+            d_max = digest_max[req, :used_pages].float().reshape(flat)
+            d_min = digest_min[req, :used_pages].float().reshape(flat)
+        # elementwise products and one reduction per (token, page): bitwise independent of the
+        # batch (a BLAS mat-vec would block differently by batch size and could flip near-ties);
+        # out of place, since d_max / d_min may be views of the caller's digests
+        bound = torch.addcmul(d_max * q_pos[rows], d_min, q_neg[rows]).sum(-1)  # [c, used_pages]
         cand = (page_ids >= sink_end[rows, None]) & (page_ids < recent_start[rows, None])
         scores[rows, :used_pages] = torch.where(cand, bound, float("-inf"))
     return scores

@@ -27,9 +27,14 @@ def prompts(loaded_model):
     return [tok.encode(long_document(n)) for n in (45, 20, 60)] + [tok.encode(SHORT_PROMPTS[1])]
 
 
-def test_sparse_at_full_budget_gives_dense_logits(loaded_model, prompts):
+@pytest.mark.parametrize("force_selection", [True, False], ids=["selection-path", "within-budget-shortcut"])
+def test_sparse_at_full_budget_gives_dense_logits(loaded_model, prompts, force_selection):
+    """Forced through page_select + the page-list kernel, a budget covering the context must
+    reproduce dense decoding; by default the engine skips selection when the budget covers it."""
     dense = LLM(loaded=loaded_model, max_num_batched_tokens=256)
     sparse = LLM(loaded=loaded_model, max_num_batched_tokens=256, attention="sparse", top_k_tokens=8192)
+    if force_selection:
+        sparse.engine.runner._within_budget = lambda sched: False
     dense_logits, sparse_logits = capture_logits(dense), capture_logits(sparse)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     d = dense.generate(prompts, params)
@@ -39,7 +44,10 @@ def test_sparse_at_full_budget_gives_dense_logits(loaded_model, prompts):
     worst = max((a - b).abs().max().item() for a, b in zip(dense_logits, sparse_logits) if a.numel())
     assert worst <= 1e-5
     attention = sparse.engine.runner.attention
-    assert attention.num_selected_pages == attention.num_context_pages > 0
+    if force_selection:
+        assert attention.num_selected_pages == attention.num_context_pages > 0
+    else:
+        assert attention.num_selected_pages == attention.num_context_pages == 0
 
 
 def test_sparse_decoding_batches_like_alone_and_really_skips_pages(loaded_model, prompts):

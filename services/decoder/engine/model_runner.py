@@ -39,13 +39,26 @@ class ModelRunner:
             self.digests = DigestPool(cfg.num_layers, pool.num_slots, cfg.num_kv_heads, cfg.head_dim, pool.dtype)
         self.attention = PagedAttention(pool, cfg.num_heads, model.scale, sparse, self.digests)
 
+    def _within_budget(self, sched: ScheduledRequest) -> bool:
+        """True when a sparse selection would hold every page of the request at each of its query
+        tokens: then dense attention is that selection, computed with no selection overhead."""
+        params = self.sparse
+        last_pos = sched.request.num_computed_tokens + sched.num_query_tokens - 1
+        return last_pos // self.page_size + 1 <= params.sink_pages + params.top_k_pages + params.recent_pages
+
     def build_inputs(self, batch: list[ScheduledRequest]) -> tuple[torch.Tensor, AttentionMetadata, list[ScheduledRequest]]:
         """Returns ``input_ids: [num_tokens]``, the attention metadata, and ``batch`` reordered
-        to match the token order."""
-        decodes = [s for s in batch if s.num_new_tokens == 1 and not s.draft]
-        verifies = [s for s in batch if s.draft]
+        to match the token order: dense decodes, dense verify blocks, page-list (sparse) tokens,
+        prefill chunks."""
+        singles = [s for s in batch if s.num_query_tokens == 1]
+        blocks = [s for s in batch if s.draft]
         chunks = [s for s in batch if s.num_new_tokens > 1]
-        ordered = decodes + verifies + chunks
+        selecting: list[ScheduledRequest] = []
+        if self.sparse is not None:
+            selecting = [s for s in singles + blocks if not self._within_budget(s)]
+            singles = [s for s in singles if self._within_budget(s)]
+            blocks = [s for s in blocks if self._within_budget(s)]
+        ordered = singles + blocks + selecting + chunks
         input_ids: list[int] = []
         positions: list[int] = []
         write_rows: list[int] = []
@@ -62,19 +75,19 @@ class ModelRunner:
             write_rows.extend(request.slots[p // page_size] * page_size + p % page_size for p in pos)
             return pos
 
-        list_tokens = decodes + verifies
-        if self.sparse is not None:
-            for sched in list_tokens:
+        if singles:
+            query_positions = [add_tokens(s) for s in singles]
+            contexts = [s.request.num_computed_tokens + 1 for s in singles]
+            groups.append(build_group(0, query_positions, [s.request.slots for s in singles], contexts, page_size))
+        for sched in blocks:
+            token_start = len(input_ids)
+            pos = add_tokens(sched)
+            groups.append(build_group(token_start, [pos], [sched.request.slots], [pos[-1] + 1], page_size))
+        page_list = None
+        if selecting:
+            page_list = self._page_list_tokens(selecting, token_start=len(input_ids))
+            for sched in selecting:
                 add_tokens(sched)
-        else:
-            if decodes:
-                query_positions = [add_tokens(s) for s in decodes]
-                contexts = [s.request.num_computed_tokens + 1 for s in decodes]
-                groups.append(build_group(0, query_positions, [s.request.slots for s in decodes], contexts, page_size))
-            for sched in verifies:
-                token_start = len(input_ids)
-                pos = add_tokens(sched)
-                groups.append(build_group(token_start, [pos], [sched.request.slots], [pos[-1] + 1], page_size))
         for sched in chunks:
             token_start = len(input_ids)
             pos = add_tokens(sched)
@@ -83,12 +96,12 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.int64),
             write_rows=torch.tensor(write_rows, dtype=torch.int64),
             groups=groups,
-            page_list=self._page_list_tokens(list_tokens) if list_tokens and self.sparse is not None else None,
+            page_list=page_list,
         )
         return torch.tensor(input_ids, dtype=torch.int64), meta, ordered
 
-    def _page_list_tokens(self, scheds: list[ScheduledRequest]) -> PageListTokens:
-        """The requests' tokens occupy the first step rows, request-major."""
+    def _page_list_tokens(self, scheds: list[ScheduledRequest], token_start: int) -> PageListTokens:
+        """The requests' tokens occupy step rows from ``token_start`` on, request-major."""
         max_pages = max(len(s.request.slots) for s in scheds)
         tables = torch.full((len(scheds), max_pages), -1, dtype=torch.int64)
         token_req: list[int] = []
@@ -99,7 +112,7 @@ class ModelRunner:
             token_req.extend([row] * sched.num_query_tokens)
             token_pos.extend(range(start, start + sched.num_query_tokens))
         return PageListTokens(
-            token_rows=torch.arange(len(token_req), dtype=torch.int64),
+            token_rows=torch.arange(token_start, token_start + len(token_req), dtype=torch.int64),
             token_req=torch.tensor(token_req, dtype=torch.int64),
             token_pos=torch.tensor(token_pos, dtype=torch.int64),
             page_tables=tables,
