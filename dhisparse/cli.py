@@ -66,6 +66,7 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "spec": "benchmarks.spec",
     "serve": "benchmarks.serve.run",
     "h200_projection": "benchmarks.h200_projection.run",
+    "transfer": "benchmarks.transfer",
 }
 
 
