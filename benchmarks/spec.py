@@ -79,16 +79,13 @@ def run_setting(loaded, prompts: list[list[int]], max_tokens: int, spec: str, sp
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0
-    steps = sum(o.stats.get("mean_acceptance_length", 0) > 0 for o in outs)
     accepted = sum(o.stats["accepted_tokens"] for o in outs)
-    verify_steps = sum(
-        (o.stats["accepted_tokens"] / (o.stats["mean_acceptance_length"] - 1)) if o.stats["mean_acceptance_length"] > 1 else 0
-        for o in outs
-    )
+    verify_steps = sum(o.stats["num_verify_steps"] for o in outs)
     return {
         "tokens": sum(len(o.token_ids) for o in outs),
         "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall,
-        "mean_acceptance_length": (accepted + verify_steps) / verify_steps if verify_steps else (1.0 if steps else 0.0),
+        # tokens committed per verify step, bonus included (0 when nothing was verified)
+        "mean_acceptance_length": (accepted + verify_steps) / verify_steps if verify_steps else 0.0,
         "outputs": [o.token_ids for o in outs],
     }
 

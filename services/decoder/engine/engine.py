@@ -146,6 +146,8 @@ class Engine:
         for sched in batch:
             if sched.request.stats.first_scheduled_s is None:
                 sched.request.stats.first_scheduled_s = now
+            if sched.num_new_tokens > 1:
+                sched.request.stats.num_prefill_tokens += sched.num_new_tokens
         committed = self.runner.execute(batch)
         events: list[TokenEvent] = []
         sealed: list[tuple[str, int, int]] = []  # (request, logical page, slot)
@@ -188,8 +190,6 @@ class Engine:
                 self.runner.seal_pages(request.slots[: request.num_swap_in_pages])
                 request.stats.num_swapped_in_pages += request.num_swap_in_pages
                 request.num_swap_in_pages = 0
-            if sched.num_new_tokens > 1:
-                request.stats.num_prefill_tokens += sched.num_new_tokens
 
     def _propose_drafts(self) -> None:
         if self.drafter is None:

@@ -49,6 +49,7 @@ class RequestStats:
             "num_preemptions": self.num_preemptions,
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_swapped_in_pages": self.num_swapped_in_pages,
+            "num_verify_steps": self.num_verify_steps,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             # tokens committed per verify step, bonus token included (as DFlash / DSpark report it)
