@@ -11,5 +11,5 @@ fi
 out="${OUT:-results/gpu}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-exec timeout 290 python -m kernels.gpu_check --out "$out" "$@"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+exec timeout 290 python3 -m kernels.gpu_check --out "$out" "$@"

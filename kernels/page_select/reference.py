@@ -87,6 +87,20 @@ def page_scores(
     return scores
 
 
+def _top_k_lower_page_on_ties(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k best scores per row, best first, equal scores in ascending page order:
+    what a stable descending sort gives, through ``topk`` on a unique int64 key (the fp32 score's
+    order-preserving integer image in the high half, the inverted page index in the low half),
+    which is O(n log k) instead of a full sort and exact, since no two keys are equal."""
+    max_pages = scores.shape[1]
+    bits = (scores + 0.0).view(torch.int32).to(torch.int64)  # + 0.0 turns -0.0 into +0.0
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)  # int order == float order
+    inverted_page = (max_pages - 1) - torch.arange(max_pages, device=scores.device)
+    key = (ordered << 32) | inverted_page
+    best = torch.topk(key, k, dim=1, sorted=True).values
+    return (max_pages - 1) - (best & 0xFFFFFFFF)
+
+
 def select_from_scores(
     scores: torch.Tensor,
     token_pos: torch.Tensor,
@@ -110,7 +124,7 @@ def select_from_scores(
     )
     num_top = (recent_start - sink_end).clamp(max=top_k_pages)  # [num_tokens]
     k = min(top_k_pages, max_pages)
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]  # [T, k]
+    order = _top_k_lower_page_on_ties(scores, k)  # [T, k] best first
     sentinel = torch.iinfo(torch.int64).max
     col_k = torch.arange(k, device=device)
     top = torch.where(col_k < num_top[:, None], order, sentinel)
