@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.gateway import openapi
 from services.gateway.config import GatewayConfig
 from services.gateway.decoder_client import DecoderClient
 from services.gateway.errors import APIError, invalid_request
@@ -73,6 +74,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.state.started = int(time.time())
     app.include_router(api)
     app.include_router(ops)
+    openapi.install(app)
     app.add_exception_handler(APIError, api_error_handler)
 
     async def validation_error(request, exc: RequestValidationError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -17,10 +17,11 @@ class GatewayConfig(BaseSettings):
     decoder_addresses: list[str] = Field(default_factory=list,
                                          description="static decoders (host:port), used when redis_url is None")
     registry_refresh_s: float = Field(0.25, gt=0, description="how long a read of the heartbeats is reused")
-    api_keys: list[str] = Field(default_factory=list, description="accepted Bearer keys; empty = no auth")
+    api_keys: list[SecretStr] = Field(default_factory=list,
+                                      description="accepted Bearer keys (masked in reprs); empty = no auth")
     max_body_bytes: int = Field(1 << 20, gt=0, description="larger request bodies get 413")
-    max_prompt_tokens: int = Field(0, ge=0, description="longer prompts get 400; 0 = the model's context only")
-    max_tokens_limit: int = Field(4096, gt=0, description="largest max_tokens a request may ask for")
+    max_prompt_tokens: int = Field(0, ge=0, lt=2**32, description="longer prompts get 400; 0 = the model's context only")
+    max_tokens_limit: int = Field(4096, gt=0, lt=2**32, description="largest max_tokens a request may ask for")
     default_max_tokens: int = Field(256, gt=0, description="max_tokens of a chat request that sets none")
     retry_after_s: int = Field(1, ge=0, description="Retry-After of a 429 when every decoder is saturated")
     max_decoder_attempts: int = Field(3, gt=0, description="decoders tried when one refuses (queue full, draining)")

@@ -69,9 +69,7 @@ class GenerationService:
             prompt = req.single_prompt
             if isinstance(prompt, str):
                 out.text = prompt
-            else:
-                if any(t < 0 for t in prompt):
-                    raise invalid_request("prompt token ids must be >= 0", "prompt")
+            else:  # ids are in uint32 range (schemas)
                 out.prompt_token_ids.ids.extend(prompt)
         return out
 

@@ -5,20 +5,12 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from services.gateway.errors import APIError, body_too_large, invalid_api_key
+from services.gateway import openapi
+from services.gateway.auth import require_api_key
+from services.gateway.errors import APIError, body_too_large
 from services.gateway.schemas import ChatCompletionRequest, CompletionRequest, parse_request
-
-
-def require_api_key(request: Request) -> None:
-    keys = request.app.state.config.api_keys
-    if not keys:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or token.strip() not in keys:
-        raise invalid_api_key()
 
 
 async def read_body(request: Request) -> bytes:
@@ -49,31 +41,32 @@ async def _serve(request: Request, req) -> Response:
     return JSONResponse(await service.complete(req, request.is_disconnected))
 
 
-@api.post("/completions")
+@api.post("/completions", response_model=None, responses=openapi.generate_responses(openapi.CompletionResponse))
 async def completions(request: Request) -> Response:
     return await _serve(request, parse_request(CompletionRequest, await read_body(request)))
 
 
-@api.post("/chat/completions")
+@api.post("/chat/completions", response_model=None,
+          responses=openapi.generate_responses(openapi.ChatCompletionResponse))
 async def chat_completions(request: Request) -> Response:
     return await _serve(request, parse_request(ChatCompletionRequest, await read_body(request)))
 
 
-@api.get("/models")
+@api.get("/models", response_model=None, responses=openapi.MODELS_RESPONSES)
 async def models(request: Request) -> dict:
     config = request.app.state.config
     return {"object": "list", "data": [{"id": config.model_name, "object": "model",
                                         "created": request.app.state.started, "owned_by": "dhisparse"}]}
 
 
-@ops.get("/health")
+@ops.get("/health", response_model=None, responses=openapi.HEALTH_RESPONSES)
 async def health(request: Request) -> Response:
     decoders = [d for d in await request.app.state.registry.decoders() if not d.draining]
     body = {"status": "ok" if decoders else "no_decoder", "num_decoders": len(decoders), "time": int(time.time())}
     return JSONResponse(body, status_code=200 if decoders else 503)
 
 
-@ops.get("/metrics")
+@ops.get("/metrics", response_class=PlainTextResponse, responses=openapi.METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
     await request.app.state.registry.decoders()  # refresh the per-decoder gauges
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -8,11 +8,15 @@ the usual extras: ``top_k``, ``ignore_eos``, ``stop_token_ids``, ``include_stop_
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.gateway.errors import APIError, invalid_request
+
+UINT32_MAX = 2**32 - 1  # counts and token ids travel to the decoder as uint32
+TokenId = Annotated[int, Field(ge=0, le=UINT32_MAX)]
 
 
 class StreamOptions(BaseModel):
@@ -20,7 +24,9 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # unknown top-level fields are refused (400 naming the field), as OpenAI's API does: a
+    # misspelt parameter must not be silently ignored
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     temperature: float | None = Field(None, ge=0, le=2)
@@ -35,9 +41,9 @@ class _SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     # extras (vLLM-style)
-    top_k: int = Field(0, ge=-1)
+    top_k: int = Field(0, ge=-1, le=UINT32_MAX)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
 
     @field_validator("stop")
@@ -75,11 +81,20 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=1, le=UINT32_MAX)
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _token_ids_in_range(cls, value):
+        ids = [t for item in value for t in (item if isinstance(item, list) else [item])] \
+            if isinstance(value, list) else []
+        if any(isinstance(t, int) and not 0 <= t <= UINT32_MAX for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {UINT32_MAX}]")
+        return value
 
     @model_validator(mode="after")
     def _one_prompt(self):
@@ -131,8 +146,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
+    max_completion_tokens: int | None = Field(None, ge=1, le=UINT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list | None = None
@@ -165,11 +180,15 @@ def parse_request(model: type[BaseModel], body: bytes):
         raise _as_api_error(exc) from None
 
 
+# parts of an error location that name a union member or a validator, not a field
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|function-.*|constrained-.*|.*\[.*\])$")
+
+
 def _as_api_error(exc: ValidationError) -> APIError:
     first = exc.errors()[0]
     if first["type"] == "json_invalid":
         return invalid_request(f"We could not parse the JSON body of your request: {first['msg']}")
-    loc = [str(p) for p in first["loc"] if not str(p).startswith("function-")]
+    loc = [str(p) for p in first["loc"] if not _UNION_TAG.match(str(p))]
     param = ".".join(loc) or None
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":

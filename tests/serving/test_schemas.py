@@ -32,8 +32,9 @@ def test_completion_prompt_forms():
     assert parse(CompletionRequest, model=MODEL, prompt=["hi"]).single_prompt == "hi"
     assert parse(CompletionRequest, model=MODEL, prompt=[1, 2, 3]).single_prompt == [1, 2, 3]
     assert parse(CompletionRequest, model=MODEL, prompt=[[4, 5]]).single_prompt == [4, 5]
-    request = parse(CompletionRequest, model=MODEL, prompt="x", stop="END", extra_field=1)
+    request = parse(CompletionRequest, model=MODEL, prompt="x", stop="END")
     assert request.stop_list == ["END"] and request.max_tokens == 16
+    assert "extra_field" in error_of(CompletionRequest, {"model": MODEL, "prompt": "x", "extra_field": 1}).message
 
 
 def test_chat_messages_and_extras():

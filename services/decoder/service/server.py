@@ -167,7 +167,9 @@ def serve(config: DecoderConfig | None = None, install_signal_handlers: bool = T
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     hostname = socket.gethostname()
     decoder_id = config.decoder_id or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{hostname}-{port}")[:128]
-    address = config.advertise_address or f"{hostname}:{port}"
+    # gateways dial the advertised address: a wildcard bind is reachable by hostname, any other
+    # bind (loopback by default) only at the bound address itself
+    address = config.advertise_address or f"{hostname if config.host in ('0.0.0.0', '::') else config.host}:{port}"
     servicer = DecoderServicer(loop, engine.tokenizer, config, decoder_id)
     pb_grpc.add_DecoderServicer_to_server(servicer, server)
     server.start()
