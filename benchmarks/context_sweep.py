@@ -40,13 +40,15 @@ def _fill_context(engine, source_slots: list[int], prompt_ids: list[int], decode
     src = torch.tensor([source_slots[i % len(source_slots)] for i in range(num_pages)])
     dst = torch.tensor(request.slots)
     pool = engine.pool
+    digests = engine.runner.attention.digests
+    num_full = (len(prompt_ids) - 1) // engine.config.page_size
+    if digests is not None:
+        request.digest_rows = digests.allocate(num_pages)
     for layer in range(pool.num_layers):
         pool.k[layer][dst] = pool.k[layer][src]
         pool.v[layer][dst] = pool.v[layer][src]
-        digests = engine.runner.attention.digests
         if digests is not None:
-            full = dst[: (len(prompt_ids) - 1) // engine.config.page_size]
-            digests.seal(layer, pool.k[layer], full, full)
+            digests.seal(layer, pool.k[layer], dst[:num_full], torch.tensor(request.digest_rows[:num_full]))
     request.num_computed_tokens = len(prompt_ids) - 1
     request.status = RequestStatus.RUNNING
     scheduler.running.append(request)

@@ -35,6 +35,15 @@ class DecoderConfig(BaseSettings):
     ngram_min_n: int = Field(1, ge=1)
     ngram_max_n: int = Field(4, ge=1)
     kvtier_address: str | None = Field(None, description="host:port of kvtier; None = no host tier")
+    residency: Literal["adaptive", "always-sparse", "always-full"] | None = Field(
+        None, description="hot-tier policy; None = adaptive with kvtier and sparse attention, else always-full"
+    )
+    sparse_buffer_pages: int | None = Field(
+        None, gt=0, description="LRU buffer slots per SPARSE request; None = (verify length + 2) x top-k pages"
+    )
+    residency_low_watermark: float = Field(0.10, ge=0, lt=1, description="free-slot fraction below which FULL requests are demoted")
+    residency_high_watermark: float = Field(0.25, gt=0, le=1, description="free-slot fraction above which SPARSE requests are promoted")
+    promote_pages_per_step: int = Field(64, gt=0, description="pages fetched per step for promotions (transfer budget)")
     decoder_id: str = Field("decoder-0", description="this decoder's identity towards kvtier and Redis")
     model_id: str = Field("SmolLM2-135M-Instruct", description="model id announced to kvtier and clients")
     packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
@@ -42,7 +51,7 @@ class DecoderConfig(BaseSettings):
     # ---- serving (services/decoder/service) ----
     served_model_name: str = Field("SmolLM2-135M-Instruct", description="model id advertised to clients")
     decoder_id: str | None = Field(None, description="name in Redis heartbeats ([A-Za-z0-9_.-]); None = hostname-port")
-    host: str = Field("0.0.0.0", description="gRPC bind address")
+    host: str = Field("127.0.0.1", description="gRPC bind address (loopback; containers set 0.0.0.0)")
     port: int = Field(50051, ge=0, lt=65536, description="gRPC port (0 = pick a free one)")
     advertise_address: str | None = Field(None, description="host:port gateways dial; None = hostname:port")
     redis_url: str | None = Field(None, description="redis:// or unix:// URL for heartbeats; None = no registry")
@@ -63,6 +72,19 @@ class DecoderConfig(BaseSettings):
                 f"recent_pages={self.recent_pages} is too small for spec_tokens={self.spec_tokens}: "
                 f"sparse verification needs recent_pages >= {needed}"
             )
+        if self.residency in ("adaptive", "always-sparse"):
+            if self.attention != "sparse" or not self.kvtier_address:
+                raise ValueError(
+                    f"residency={self.residency!r} keeps only working sets hot: it needs attention='sparse' "
+                    "and a kvtier_address (the host tier holds the cold pages)"
+                )
+        if self.residency_low_watermark >= self.residency_high_watermark:
+            raise ValueError("residency_low_watermark must be below residency_high_watermark (hysteresis)")
+        if self.sparse_buffer_pages is not None and self.sparse_buffer_pages < self.verify_len * self.top_k_pages:
+            raise ValueError(
+                f"sparse_buffer_pages={self.sparse_buffer_pages} cannot hold one step's working set: "
+                f"needs >= verify length {self.verify_len} x top-k {self.top_k_pages} pages"
+            )
         if self.ngram_min_n > self.ngram_max_n:
             raise ValueError(f"ngram_min_n={self.ngram_min_n} > ngram_max_n={self.ngram_max_n}")
         return self
@@ -70,6 +92,21 @@ class DecoderConfig(BaseSettings):
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def residency_policy(self) -> str:
+        if self.residency is not None:
+            return self.residency
+        return "adaptive" if self.attention == "sparse" and self.kvtier_address else "always-full"
+
+    @property
+    def verify_len(self) -> int:
+        """Query tokens per request per step at most (1 + draft tokens)."""
+        return 1 + (self.spec_tokens if self.spec != "none" else 0)
+
+    @property
+    def buffer_pages(self) -> int:
+        return self.sparse_buffer_pages or max(1, (self.verify_len + 2) * self.top_k_pages)
 
     @property
     def top_k_pages(self) -> int:

@@ -34,11 +34,16 @@ def test_batch_of_four_equals_each_alone(loaded_model, four_prompts, alone_outpu
     assert batched.engine.allocator.num_free_slots == batched.engine.allocator.num_slots
 
 
-def test_preemption_under_slot_pressure_loses_nothing(loaded_model, four_prompts, alone_outputs):
-    # 60 pages cannot hold all four requests at once (~75 pages): the scheduler must preempt and recompute
-    tight = LLM(loaded=loaded_model, kv_cache_tokens=60 * 16, max_model_len=60 * 16, max_num_batched_tokens=256)
-    outs = tight.generate(four_prompts, SamplingParams(max_tokens=24, ignore_eos=True))
-    assert [o.token_ids for o in outs] == alone_outputs
+def test_preemption_under_slot_pressure_loses_nothing(llm, loaded_model, four_prompts):
+    # the default policy (always-full) admits a request only when its prompt fits, so pressure
+    # comes from growth: two 217-token prompts (14 pages each) are admitted into 32 pages, then
+    # 64 new tokens each need 36 pages: the scheduler must preempt and recompute
+    prompt = four_prompts[1]
+    params = SamplingParams(max_tokens=64, ignore_eos=True)
+    alone = llm.generate([prompt], params)[0].token_ids
+    tight = LLM(loaded=loaded_model, kv_cache_tokens=32 * 16, max_model_len=32 * 16, max_num_batched_tokens=512)
+    outs = tight.generate([prompt, prompt], params)
+    assert [o.token_ids for o in outs] == [alone, alone]
     assert sum(o.stats["num_preemptions"] for o in outs) > 0
     assert tight.engine.check_integrity()
     assert tight.engine.allocator.num_free_slots == tight.engine.allocator.num_slots

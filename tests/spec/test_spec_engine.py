@@ -59,12 +59,12 @@ def test_rejected_rows_never_reach_digests(loaded_model, prompts):
     assert s_req.output_ids == p_req.output_ids
     assert s_req.stats.drafted_tokens > s_req.stats.accepted_tokens > 0
     num_sealed = min(s_req.num_computed_tokens, p_req.num_computed_tokens) // spec.config.page_size
-    s_slots = torch.tensor(s_req.slots[:num_sealed])
-    p_slots = torch.tensor(p_req.slots[:num_sealed])
+    s_rows = torch.tensor(s_req.digest_rows[:num_sealed])
+    p_rows = torch.tensor(p_req.digest_rows[:num_sealed])
     for layer in range(spec.model_config.num_layers):
         for table in ("min", "max"):
-            got = getattr(spec.runner.digests, table)[layer][s_slots]
-            want = getattr(plain.runner.digests, table)[layer][p_slots]
+            got = getattr(spec.runner.digests, table)[layer][s_rows]
+            want = getattr(plain.runner.digests, table)[layer][p_rows]
             # keys of a token computed inside a verify block vs alone differ by GEMM rounding only
             torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
     assert spec.check_integrity()

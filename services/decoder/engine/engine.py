@@ -13,7 +13,8 @@ import torch
 from services.decoder.config import DecoderConfig
 from services.decoder.engine.host_allocator import keep_freed_memory_in_heap
 from services.decoder.engine.model_runner import ModelRunner
-from services.decoder.engine.request import Request, RequestStatus
+from services.decoder.engine.request import Request, RequestStatus, Residency
+from services.decoder.engine.residency_controller import ResidencyController, ResidencySettings
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.engine.scheduler import Scheduler
 from services.decoder.engine.stop_checker import StopChecker
@@ -60,16 +61,34 @@ class Engine:
         self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.packed_gemm,
                                 max_positions=max(self.max_model_len, trained_len))
         mc = loaded.config
-        if self.config.num_slots * self.config.page_size < self.max_model_len:
+        cfg = self.config
+        self.full_only = cfg.residency_policy == "always-full"
+        if self.full_only and cfg.num_slots * cfg.page_size < self.max_model_len:
             raise ValueError(
-                f"the KV pool holds {self.config.num_slots * self.config.page_size} tokens, less than one "
+                f"the KV pool holds {cfg.num_slots * cfg.page_size} tokens, less than one "
                 f"max_model_len={self.max_model_len} sequence: raise kv_cache_tokens or lower max_model_len"
+            )
+        # a SPARSE request needs its buffer, sink and recent pages and one chunk's pages hot
+        min_sparse_slots = (cfg.buffer_pages + cfg.sink_pages + cfg.recent_pages
+                            + -(-cfg.max_num_batched_tokens // cfg.page_size) + 1)
+        if not self.full_only and cfg.num_slots < min_sparse_slots:
+            raise ValueError(
+                f"residency={cfg.residency_policy!r} needs at least {min_sparse_slots} slots for one SPARSE "
+                f"request (buffer {cfg.buffer_pages} + sink + recent + one prefill chunk), the pool has "
+                f"{cfg.num_slots}: raise kv_cache_tokens or lower sparse_buffer_pages / max_num_batched_tokens"
             )
         self.pool = HotPool(mc.num_layers, self.config.num_slots, self.config.page_size, mc.num_kv_heads,
                             mc.head_dim, self.config.torch_dtype)
         self.allocator = SlotAllocator(self.config.num_slots)
-        self.scheduler = Scheduler(self.allocator, self.config.page_size, self.config.max_num_seqs,
-                                   self.config.max_num_batched_tokens)
+        self.controller = ResidencyController(ResidencySettings(
+            policy=cfg.residency_policy, page_size=cfg.page_size, num_layers=mc.num_layers,
+            sink_pages=cfg.sink_pages, recent_pages=cfg.recent_pages, buffer_pages=cfg.buffer_pages,
+            low_watermark_slots=int(cfg.residency_low_watermark * cfg.num_slots),
+            high_watermark_slots=max(int(cfg.residency_high_watermark * cfg.num_slots),
+                                     int(cfg.residency_low_watermark * cfg.num_slots) + 1),
+            promote_pages_per_step=cfg.promote_pages_per_step,
+        ), self.allocator)
+        self.scheduler = Scheduler(self.controller, cfg.page_size, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         sparse = None
         if self.config.attention == "sparse":
             sparse = SparseParams(self.config.top_k_pages, self.config.sink_pages, self.config.recent_pages)
@@ -79,6 +98,7 @@ class Engine:
             client = KvtierClient(self.config.kvtier_address, self.config.decoder_id, self.config.model_id,
                                   KvLayout.of_hot_pool(self.pool))
             self.host_tier = HostTier(client, self.pool)
+            self.runner.attach_host_tier(self.host_tier)
         self.drafter = make_drafter(self.config.spec, **(
             {"min_n": self.config.ngram_min_n, "max_n": self.config.ngram_max_n} if self.config.spec == "ngram" else {}
         ))
@@ -101,7 +121,7 @@ class Engine:
                 "(prompt plus at least one generated token must fit)"
             )
         pages_needed = -(-(len(prompt_ids) + 1) // self.config.page_size)
-        if pages_needed > self.config.num_slots:
+        if self.full_only and pages_needed > self.config.num_slots:
             raise InvalidRequestError(
                 f"prompt needs {pages_needed} pages but the KV pool has {self.config.num_slots} "
                 f"(kv_cache_tokens={self.config.kv_cache_tokens})"
@@ -136,9 +156,14 @@ class Engine:
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         self._propose_drafts()
+        running = self.scheduler.running
+        self.controller.relieve(running)  # below the low watermark: demote before scheduling
         batch = self.scheduler.schedule()
         if self.host_tier is not None:
             self.host_tier.sync({s.request.request_id: len(s.request.slots) for s in batch})
+        for request, pages in self.controller.promotion_step(running):
+            self.host_tier.fetch(request.request_id, pages, [request.slots[p] for p in pages])
+            self.controller.finish_promotion(request)
         if not batch:
             return []
         self._swap_in(batch)
@@ -150,7 +175,7 @@ class Engine:
                 sched.request.stats.num_prefill_tokens += sched.num_new_tokens
         committed = self.runner.execute(batch)
         events: list[TokenEvent] = []
-        sealed: list[tuple[str, int, int]] = []  # (request, logical page, slot)
+        sealed: list[tuple[Request, int]] = []  # (request, logical page)
         page_size = self.config.page_size
         for sched in batch:
             request = sched.request
@@ -169,27 +194,27 @@ class Engine:
                     break
             if not request.is_finished:
                 # pages whose last row is committed now; rows of rejected drafts never count
-                sealed.extend(
-                    (request.request_id, page, request.slots[page])
-                    for page in range(old_computed // page_size, request.num_computed_tokens // page_size)
-                )
-        self.runner.seal_pages([slot for _, _, slot in sealed])
+                sealed.extend((request, page) for page in range(old_computed // page_size,
+                                                                request.num_computed_tokens // page_size))
+        self.runner.seal_pages(sealed)
         if self.host_tier is not None:
-            self.host_tier.write_back(sealed)
+            self.host_tier.write_back([(r.request_id, p, r.slots[p]) for r, p in sealed])
             for sched in batch:
-                if not sched.request.is_finished:
-                    sched.request.num_host_pages = self.host_tier.num_sealed.get(sched.request.request_id, 0)
+                request = sched.request
+                if not request.is_finished:
+                    request.num_host_pages = self.host_tier.num_sealed.get(request.request_id, 0)
+                    self.controller.trim(request)  # SPARSE: unpin pages that left the recent window
         return events
 
     def _swap_in(self, batch) -> None:
         """Copies written-back pages of re-admitted (preempted) requests into their new slots."""
         for sched in batch:
             request = sched.request
-            if request.num_swap_in_pages:
-                self.host_tier.fetch(request.request_id, request.num_swap_in_pages, request.slots)
-                self.runner.seal_pages(request.slots[: request.num_swap_in_pages])
-                request.stats.num_swapped_in_pages += request.num_swap_in_pages
-                request.num_swap_in_pages = 0
+            if request.pending_fetch:
+                pages = request.pending_fetch
+                self.host_tier.fetch(request.request_id, pages, [request.slots[p] for p in pages])
+                request.stats.num_swapped_in_pages += len(pages)
+                request.pending_fetch = []
 
     def _propose_drafts(self) -> None:
         if self.drafter is None:
@@ -214,6 +239,7 @@ class Engine:
 
     def _finish(self, request: Request, reason: str) -> None:
         self.scheduler.remove(request)
+        self.runner.release_digest_rows(request)
         if self.host_tier is not None:
             self.host_tier.release(request.request_id)
         request.status = RequestStatus.FINISHED
@@ -229,14 +255,33 @@ class Engine:
         if self.host_tier is not None:
             self.host_tier.flush()
 
+    def close(self) -> None:
+        """Flushes pending kvtier commits and frees, stops the lease heartbeat, unmaps the host pool."""
+        if self.host_tier is not None:
+            self.host_tier.flush()
+            self.host_tier.client.close()
+            self.host_tier = None
+            self.runner.host_tier = None
+
     def check_integrity(self) -> bool:
-        """Slots held by live requests plus free slots partition the pool exactly."""
+        """Slots held by live requests (pinned pages and SPARSE buffers) plus free slots partition
+        the pool exactly; every SPARSE buffer is consistent; digest rows do not leak."""
         self.allocator.check_integrity()
-        held = [s for r in self.scheduler.running + list(self.scheduler.waiting) for s in r.slots]
+        live = self.scheduler.running + list(self.scheduler.waiting)
+        held = [s for r in live for s in r.slots if s >= 0]
+        held += [s for r in live if r.buffer is not None for s in r.buffer.slots]
         assert len(held) == len(set(held)), "a slot is held by two requests"
         assert set(held).isdisjoint(self.allocator.free_slot_order()), "a held slot is also free"
         assert len(held) + self.allocator.num_free_slots == self.allocator.num_slots, "slots leaked"
+        for request in live:
+            if request.mode is Residency.SPARSE:
+                request.buffer.check_integrity({p: s for p, s in enumerate(request.slots) if s >= 0})
+            else:
+                assert request.buffer is None, f"FULL request {request.request_id} holds a buffer"
         for request in self.requests.values():
             if request.is_finished:
                 assert not request.slots, f"finished request {request.request_id} still holds slots"
+                assert not request.digest_rows, f"finished request {request.request_id} still holds digest rows"
+        if self.runner.digests is not None:
+            self.runner.digests.check_integrity([row for r in self.requests.values() for row in r.digest_rows])
         return True

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from services.decoder.engine.request import Request, Residency
 from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.kv.digest_pool import DigestPool
+from services.decoder.kv.host_tier import HostTier
 from services.decoder.kv.hot_pool import HotPool
+from services.decoder.kv.sparse_step import SparseStep
 from services.decoder.model.attention import (
     AttentionMetadata,
     PagedAttention,
@@ -36,8 +39,31 @@ class ModelRunner:
         cfg = model.config
         self.digests = None
         if sparse is not None:
-            self.digests = DigestPool(cfg.num_layers, pool.num_slots, cfg.num_kv_heads, cfg.head_dim, pool.dtype)
+            self.digests = DigestPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype, pool.num_slots)
+        self.host_tier: HostTier | None = None  # see attach_host_tier
+        self._sparse_requests: list[Request] = []
         self.attention = PagedAttention(pool, cfg.num_heads, model.scale, sparse, self.digests)
+
+    def attach_host_tier(self, host_tier: HostTier) -> None:
+        """SPARSE requests read cold pages from ``host_tier`` (no reference back to this runner:
+        an engine must stay free of cycles, or its hot pool outlives it until a GC pass)."""
+        self.host_tier = host_tier
+        self.attention.host_layer = host_tier.client.host_pages
+
+    def ensure_digest_rows(self, batch: list[ScheduledRequest]) -> None:
+        """Gives every logical page of the scheduled requests a digest row."""
+        if self.digests is None:
+            return
+        for sched in batch:
+            request = sched.request
+            missing = len(request.slots) - len(request.digest_rows)
+            if missing > 0:
+                request.digest_rows.extend(self.digests.allocate(missing))
+
+    def release_digest_rows(self, request) -> None:
+        if self.digests is not None and request.digest_rows:
+            self.digests.free(request.digest_rows)
+        request.digest_rows = []
 
     def _within_budget(self, sched: ScheduledRequest) -> bool:
         """True when a sparse selection would hold every page of the request at each of its query
@@ -55,9 +81,13 @@ class ModelRunner:
         chunks = [s for s in batch if s.num_new_tokens > 1]
         selecting: list[ScheduledRequest] = []
         if self.sparse is not None:
-            selecting = [s for s in singles + blocks if not self._within_budget(s)]
-            singles = [s for s in singles if self._within_budget(s)]
-            blocks = [s for s in blocks if self._within_budget(s)]
+            # SPARSE requests always select (their pages are not all hot); FULL ones beyond budget
+            def dense(s: ScheduledRequest) -> bool:
+                return s.request.mode is Residency.FULL and self._within_budget(s)
+
+            selecting = [s for s in singles + blocks if not dense(s)]
+            singles = [s for s in singles if dense(s)]
+            blocks = [s for s in blocks if dense(s)]
         ordered = singles + blocks + selecting + chunks
         input_ids: list[int] = []
         positions: list[int] = []
@@ -91,7 +121,9 @@ class ModelRunner:
         for sched in chunks:
             token_start = len(input_ids)
             pos = add_tokens(sched)
-            groups.append(build_group(token_start, [pos], [sched.request.slots], [pos[-1] + 1], page_size))
+            request = sched.request
+            host = [self.host_tier.host_pages[request.request_id]] if request.mode is Residency.SPARSE else None
+            groups.append(build_group(token_start, [pos], [request.slots], [pos[-1] + 1], page_size, host))
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.int64),
             write_rows=torch.tensor(write_rows, dtype=torch.int64),
@@ -104,24 +136,40 @@ class ModelRunner:
         """The requests' tokens occupy step rows from ``token_start`` on, request-major."""
         max_pages = max(len(s.request.slots) for s in scheds)
         tables = torch.full((len(scheds), max_pages), -1, dtype=torch.int64)
+        digest_rows = torch.full((len(scheds), max_pages), -1, dtype=torch.int64)
         token_req: list[int] = []
         token_pos: list[int] = []
+        sparse_rows: list[int] = []
         for row, sched in enumerate(scheds):
-            tables[row, : len(sched.request.slots)] = torch.tensor(sched.request.slots, dtype=torch.int64)
-            start = sched.request.num_computed_tokens
+            request = sched.request
+            tables[row, : len(request.slots)] = torch.tensor(request.slots, dtype=torch.int64)
+            digest_rows[row, : len(request.digest_rows)] = torch.tensor(request.digest_rows, dtype=torch.int64)
+            if request.mode is Residency.SPARSE:
+                sparse_rows.append(row)
+            start = request.num_computed_tokens
             token_req.extend([row] * sched.num_query_tokens)
             token_pos.extend(range(start, start + sched.num_query_tokens))
+        sparse = None
+        if sparse_rows:
+            requests = [scheds[row].request for row in sparse_rows]
+            sparse = SparseStep(sparse_rows, [r.buffer for r in requests],
+                                [self.host_tier.host_pages[r.request_id] for r in requests], self.pool,
+                                self.host_tier.client.host_pages)
+            self._sparse_requests = requests
         return PageListTokens(
             token_rows=torch.arange(token_start, token_start + len(token_req), dtype=torch.int64),
             token_req=torch.tensor(token_req, dtype=torch.int64),
             token_pos=torch.tensor(token_pos, dtype=torch.int64),
             page_tables=tables,
+            digest_rows=digest_rows,
+            sparse=sparse,
         )
 
     def execute(self, batch: list[ScheduledRequest]) -> dict[str, list[int]]:
         """Runs one forward over ``batch``; returns ``{request_id: committed tokens}`` for every
         request that reached the end of its tokens (one sampled token, or accepted draft tokens
         plus one). Does not mutate request bookkeeping."""
+        self.ensure_digest_rows(batch)
         input_ids, meta, ordered = self.build_inputs(batch)
         logit_rows: list[int] = []
         samplers: list[ScheduledRequest] = []
@@ -134,6 +182,12 @@ class ModelRunner:
         logits = self.model.forward(
             input_ids, meta, self.attention, logit_rows=torch.tensor(logit_rows, dtype=torch.int64)
         )  # [len(logit_rows), vocab]
+        if meta.page_list is not None and meta.page_list.sparse is not None:
+            step = meta.page_list.sparse
+            for request, hits, misses in zip(self._sparse_requests, step.hits, step.misses):
+                request.stats.num_buffer_hits += hits
+                request.stats.num_buffer_misses += misses
+            self._sparse_requests = []
         if not samplers:
             return {}
         greedy_ids = torch.argmax(logits, dim=-1).tolist()
@@ -156,10 +210,12 @@ class ModelRunner:
                 ]
         return committed
 
-    def seal_pages(self, slots: list[int]) -> None:
-        """Digests (every layer) the pages at ``slots``, whose rows are all committed now."""
-        if self.digests is None or not slots:
+    def seal_pages(self, pages: list[tuple[Request, int]]) -> None:
+        """Digests (every layer) the hot ``(request, logical page)`` pages, whose rows are all
+        committed now, into the pages' digest rows."""
+        if self.digests is None or not pages:
             return
-        index = torch.tensor(slots, dtype=torch.int64)
+        slots = torch.tensor([r.slots[p] for r, p in pages], dtype=torch.int64)
+        rows = torch.tensor([r.digest_rows[p] for r, p in pages], dtype=torch.int64)
         for layer in range(self.pool.num_layers):
-            self.digests.seal(layer, self.pool.k[layer], index, index)
+            self.digests.seal(layer, self.pool.k[layer], slots, rows)

@@ -16,6 +16,15 @@ import torch
 
 from services.decoder.engine.sampling_params import SamplingParams
 from services.decoder.engine.stop_checker import StopChecker
+from services.decoder.kv.sparse_buffer import SparseBuffer
+
+
+class Residency(enum.Enum):
+    """FULL: every page hot (same slot in every layer). SPARSE: only pinned pages (sink, recent
+    window, unsealed tail) plus a per-layer LRU buffer of selected pages; the rest on the host."""
+
+    FULL = "full"
+    SPARSE = "sparse"
 
 
 class RequestStatus(enum.Enum):
@@ -33,6 +42,10 @@ class RequestStats:
     num_preemptions: int = 0
     num_prefill_tokens: int = 0  # tokens computed in prefill chunks (recompute included)
     num_swapped_in_pages: int = 0
+    num_demotions: int = 0  # FULL -> SPARSE
+    num_promotions: int = 0  # SPARSE -> FULL
+    num_buffer_hits: int = 0  # SPARSE: selected pages found in the layer's hot buffer
+    num_buffer_misses: int = 0  # SPARSE: selected pages copied in from the host tier
     num_verify_steps: int = 0  # decode steps that verified a non-empty draft
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -49,6 +62,10 @@ class RequestStats:
             "num_preemptions": self.num_preemptions,
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_swapped_in_pages": self.num_swapped_in_pages,
+            "num_demotions": self.num_demotions,
+            "num_promotions": self.num_promotions,
+            "num_buffer_hits": self.num_buffer_hits,
+            "num_buffer_misses": self.num_buffer_misses,
             "num_verify_steps": self.num_verify_steps,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
@@ -74,11 +91,15 @@ class Request:
         self.params = params
         self.stop_checker = stop_checker
         self.max_total_len = min(max_model_len, len(prompt_ids) + params.max_tokens)
-        self.slots: list[int] = []  # page table: logical page -> hot-pool slot
+        self.slots: list[int] = []  # page table: logical page -> hot-pool slot (-1: not hot, SPARSE only)
+        self.digest_rows: list[int] = []  # logical page -> digest row (sparse attention)
+        self.mode = Residency.FULL
+        self.buffer: SparseBuffer | None = None  # SPARSE only
         self.num_computed_tokens = 0
         self.draft_ids: list[int] = []
         self.num_host_pages = 0  # leading pages whose bytes the host tier holds (written back)
-        self.num_swap_in_pages = 0  # after a preemption: leading pages to copy back from the host  # proposed for the next step; never part of the request's tokens
+        self.pending_fetch: list[int] = []  # pages to copy host -> their slots before the next forward
+        self.promoting = False  # SPARSE -> FULL under way: cold pages are being fetched
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None
         self.stats = RequestStats()

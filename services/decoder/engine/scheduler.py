@@ -2,9 +2,11 @@
 
 Each step: running requests first (a decoding request needs 1 token plus its draft block, if
 speculation proposed one, a prefilling one a chunk),
-then waiting requests in arrival order while the token budget, the sequence limit and free
-slots allow. A running request that cannot get a slot preempts the most recently admitted
-running request (its slots are freed, its tokens kept, it is recomputed later).
+then waiting requests in arrival order while the token budget, the sequence limit and the
+residency controller (which picks each admitted request's FULL or SPARSE mode) allow. A running
+request that cannot get a slot first makes the controller demote a FULL request (adaptive policy);
+failing that it preempts the most recently admitted running request (its slots are freed, its
+tokens kept; written-back pages come back by copy, the rest is recomputed).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from services.decoder.engine.request import Request, RequestStatus
-from services.decoder.kv.slot_allocator import OutOfSlotsError, SlotAllocator
+from services.decoder.engine.residency_controller import ResidencyController
 
 
 @dataclass
@@ -33,8 +35,9 @@ class ScheduledRequest:
 
 
 class Scheduler:
-    def __init__(self, allocator: SlotAllocator, page_size: int, max_num_seqs: int, max_num_batched_tokens: int):
-        self.allocator = allocator
+    def __init__(self, controller: ResidencyController, page_size: int, max_num_seqs: int,
+                 max_num_batched_tokens: int):
+        self.controller = controller
         self.page_size = page_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -49,27 +52,19 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     def _ensure_slots(self, request: Request, num_tokens: int) -> bool:
-        """Gives ``request`` enough slots to hold ``num_tokens`` tokens. Mutates: allocator, request.slots."""
-        needed = -(-num_tokens // self.page_size) - len(request.slots)
-        if needed <= 0:
-            return True
-        try:
-            request.slots.extend(self.allocator.allocate(needed))
-        except OutOfSlotsError:
-            return False
-        return True
+        """Gives ``request`` slots for its pages up to ``num_tokens`` tokens. Mutates: allocator, request.slots."""
+        return self.controller.grow(request, num_tokens)
 
     def release(self, request: Request) -> None:
-        """Frees every slot of ``request``. Mutates: allocator, request.slots."""
-        self.allocator.free(request.slots)
-        request.slots = []
+        """Frees every slot of ``request``. Mutates: allocator, request.slots, request.buffer."""
+        self.controller.release(request)
 
     def _preempt(self, victim: Request) -> None:
         self.running.remove(victim)
         self.release(victim)
-        # pages already written back to the host tier come back by copy, not recompute
+        # pages already written back to the host tier come back by copy (admission lists them
+        # in pending_fetch), not recompute
         victim.num_computed_tokens = victim.num_host_pages * self.page_size
-        victim.num_swap_in_pages = victim.num_host_pages
         victim.draft_ids = []
         victim.status = RequestStatus.WAITING
         victim.stats.num_preemptions += 1
@@ -92,6 +87,8 @@ class Scheduler:
             num_new = min(request.num_pending_tokens, budget)
             draft = request.draft_ids[: budget - 1] if request.num_pending_tokens == 1 else []
             while not self._ensure_slots(request, request.num_computed_tokens + num_new + len(draft)):
+                if self.controller.demote_one(self.running):
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is request:
@@ -104,7 +101,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             num_new = min(request.num_pending_tokens, budget)
-            if not self._ensure_slots(request, request.num_computed_tokens + num_new):
+            if not self.controller.admit(request, num_new):
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING

@@ -1,8 +1,11 @@
 """Page digests (Quest): per sealed page, per layer, per kv head, the elementwise min and max of
-its keys. Digests of every page of every request stay in fast memory.
+its keys. The digest of every page of every live request stays in fast memory, whether or not
+the page itself is hot: a SPARSE request scores all its pages by digest and fetches the winners.
 
-Layout per layer: ``min[layer], max[layer]: [num_rows, num_kv_heads, head_dim]``. While every page
-is hot (this pool is indexed like the hot pool) a digest row is the page's slot.
+Layout per layer: ``min[layer], max[layer]: [num_rows, num_kv_heads, head_dim]``. Rows belong to
+(request, logical page) pairs, not to hot slots: ``Request.digest_rows[page]`` names the row. The
+pool grows (doubling) when a request needs rows and none is free; rows come back when a request
+finishes. A digest row is about ``2 * page_size`` times smaller than the page it summarises.
 """
 
 from __future__ import annotations
@@ -13,17 +16,58 @@ from kernels import page_digest_into
 
 
 class DigestPool:
-    def __init__(self, num_layers: int, num_rows: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, num_rows: int = 256):
+        if num_rows <= 0:
+            raise ValueError(f"num_rows must be positive, got {num_rows}")
         shape = (num_rows, num_kv_heads, head_dim)
         self.min = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.max = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self._free: list[int] = list(range(num_rows - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        self._is_free = bytearray(b"\x01") * num_rows
 
-    def seal(self, layer: int, k_pool_layer: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Digests the full pages at ``slots: [n]`` of ``k_pool_layer: [num_slots, page_size, KVH, D]``
-        into ``rows: [n]``. Mutates: this layer's digest rows."""
-        page_digest_into(k_pool_layer, slots, self.min[layer], self.max[layer], rows, check_indices=False)
+    @property
+    def num_rows(self) -> int:
+        return self.min[0].shape[0]
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        """``count`` free rows, growing every layer's tensors first if too few are free."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        if count > len(self._free):
+            self._grow(max(self.num_rows * 2, self.num_rows + count - len(self._free)))
+        rows = [self._free.pop() for _ in range(count)]
+        for row in rows:
+            self._is_free[row] = 0
+        return rows
+
+    def free(self, rows: list[int]) -> None:
+        """Returns ``rows``; raises ``ValueError`` (changing nothing) on a free or foreign row."""
+        if len(set(rows)) != len(rows) or any(not 0 <= r < self.num_rows or self._is_free[r] for r in rows):
+            raise ValueError(f"free() of rows that are not all allocated and distinct: {rows}")
+        for row in rows:
+            self._is_free[row] = 1
+        self._free.extend(reversed(rows))
+
+    def _grow(self, num_rows: int) -> None:
+        old = self.num_rows
+        for table in (self.min, self.max):
+            for layer, tensor in enumerate(table):
+                grown = tensor.new_zeros((num_rows, self.num_kv_heads, self.head_dim))
+                grown[:old] = tensor
+                table[layer] = grown
+        self._is_free.extend(b"\x01" * (num_rows - old))
+        self._free[:0] = range(num_rows - 1, old - 1, -1)  # new rows after the old free ones
+
+    def seal(self, layer: int, k_source: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor) -> None:
+        """Digests the full pages ``pages: [n]`` of ``k_source: [num_pages, page_size, KVH, D]``
+        (a layer of the hot pool, or of the host pool) into ``rows: [n]``. Mutates: this layer's rows."""
+        page_digest_into(k_source, pages, self.min[layer], self.max[layer], rows, check_indices=False)
 
     def gather(self, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``rows: [batch, max_pages]`` digest rows in logical page order -> min, max
@@ -34,3 +78,11 @@ class DigestPool:
             torch.index_select(self.min[layer], 0, flat).view(shape),
             torch.index_select(self.max[layer], 0, flat).view(shape),
         )
+
+    def check_integrity(self, held: list[int]) -> bool:
+        """``held`` (rows of live requests) and the free rows partition the pool exactly."""
+        assert len(held) == len(set(held)), "a digest row is held twice"
+        assert len(self._free) == len(set(self._free)), "a digest row is free twice"
+        assert set(held).isdisjoint(self._free), "a held digest row is also free"
+        assert len(held) + len(self._free) == self.num_rows, "digest rows leaked"
+        return True

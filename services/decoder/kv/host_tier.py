@@ -71,17 +71,18 @@ class HostTier:
             self.num_sealed[rid] = done
             self._pending_commits[rid] = done
 
-    def fetch(self, request_id: str, num_pages: int, slots: list[int]) -> None:
-        """Copies the request's first ``num_pages`` host pages into hot ``slots`` (every layer)."""
-        if num_pages == 0:
+    def fetch(self, request_id: str, pages: list[int], slots: list[int]) -> None:
+        """Copies the request's host pages of logical ``pages`` into hot ``slots`` (every layer)."""
+        if not pages:
             return
-        host_ids = torch.tensor(self.host_pages[request_id][:num_pages], dtype=torch.int64)
-        dst = torch.tensor(slots[:num_pages], dtype=torch.int64)
+        table = self.host_pages[request_id]
+        host_ids = torch.tensor([table[p] for p in pages], dtype=torch.int64)
+        dst = torch.tensor(slots, dtype=torch.int64)
         for layer in range(self.pool.num_layers):
             host_k, host_v = self.client.host_pages(layer)
             gather_pages(host_k, self.pool.k[layer], host_ids, dst, check_indices=False)
             gather_pages(host_v, self.pool.v[layer], host_ids, dst, check_indices=False)
-        self.num_fetched_pages += num_pages
+        self.num_fetched_pages += len(pages)
 
     def release(self, request_id: str) -> None:
         """The request finished: its host pages are freed with the next call."""

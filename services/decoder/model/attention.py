@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from kernels import page_select, sparse_paged_attention
 from services.decoder.kv.digest_pool import DigestPool
 from services.decoder.kv.hot_pool import HotPool
+from services.decoder.kv.sparse_step import HostLayer, SparseStep
 
 
 @dataclass
@@ -29,6 +30,9 @@ class AttentionGroup:
     num_query_tokens: int
     read_rows: torch.Tensor  # [num_reqs, max_context_len] int64 pool rows of positions 0..ctx-1 (padded with 0)
     attn_mask: torch.Tensor | None  # [num_reqs, 1, num_query_tokens, max_context_len] bool; None = attend all
+    # pages not hot (a SPARSE request's prefill): (flat key rows [n * page_size] into
+    # [num_reqs * max_context_len], host page ids [n]) read from the host tier instead
+    host_read: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def token_end(self) -> int:
@@ -52,7 +56,9 @@ class PageListTokens:
     token_rows: torch.Tensor  # [num_list_tokens] int64 rows into the step's token dimension
     token_req: torch.Tensor  # [num_list_tokens] int64 row of page_tables
     token_pos: torch.Tensor  # [num_list_tokens] int64 absolute positions
-    page_tables: torch.Tensor  # [num_list_reqs, max_pages] int64 slot of each logical page, -1 padded
+    page_tables: torch.Tensor  # [num_list_reqs, max_pages] int64 hot slot of each logical page, -1 = not hot
+    digest_rows: torch.Tensor  # [num_list_reqs, max_pages] int64 digest row of each logical page, -1 padded
+    sparse: SparseStep | None = None  # SPARSE requests among the rows: buffers resolved per layer
 
 
 @dataclass
@@ -73,10 +79,12 @@ def build_group(
     page_tables: list[list[int]],
     context_lens: list[int],
     page_size: int,
+    host_page_tables: list[list[int]] | None = None,
 ) -> AttentionGroup:
     """Builds one group. ``query_positions[r]``: positions of request r's query tokens (same
-    count for every r); ``page_tables[r]``: its slots in logical page order; ``context_lens[r]``:
-    tokens it holds after this step's writes."""
+    count for every r); ``page_tables[r]``: its slots in logical page order (-1: the page is not
+    hot and is read from host page ``host_page_tables[r][page]``); ``context_lens[r]``: tokens it
+    holds after this step's writes."""
     num_reqs = len(query_positions)
     num_query_tokens = len(query_positions[0])
     # keys padded to whole pages: the same key count the page-list (sparse) kernel sees, so that a
@@ -84,11 +92,19 @@ def build_group(
     max_len = -(-max(context_lens) // page_size) * page_size
     offsets = torch.arange(max_len, dtype=torch.int64)  # [max_len]
     read_rows = torch.zeros(num_reqs, max_len, dtype=torch.int64)
+    host_dst: list[torch.Tensor] = []
+    host_ids: list[int] = []
     for r in range(num_reqs):
         length = context_lens[r]
         num_pages = -(-length // page_size)
         slots = torch.tensor(page_tables[r][:num_pages], dtype=torch.int64)  # [num_pages]
-        rows = (slots[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:length]
+        cold = (slots < 0).nonzero().flatten()
+        if cold.numel():
+            if host_page_tables is None:
+                raise ValueError(f"request row {r} has pages that are not hot and no host pages to read")
+            host_ids.extend(host_page_tables[r][p] for p in cold.tolist())
+            host_dst.append(((r * max_len + cold * page_size)[:, None] + torch.arange(page_size)).reshape(-1))
+        rows = (slots.clamp(min=0)[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:length]
         read_rows[r, :length] = rows
     needs_mask = num_query_tokens > 1 or any(length != max_len for length in context_lens)
     attn_mask = None
@@ -97,7 +113,8 @@ def build_group(
         lens = torch.tensor(context_lens, dtype=torch.int64)[:, None, None]
         key_pos = offsets[None, None, :]
         attn_mask = ((key_pos <= q_pos[:, :, None]) & (key_pos < lens)).unsqueeze(1)
-    return AttentionGroup(token_start, num_reqs, num_query_tokens, read_rows, attn_mask)
+    host_read = (torch.cat(host_dst), torch.tensor(host_ids, dtype=torch.int64)) if host_ids else None
+    return AttentionGroup(token_start, num_reqs, num_query_tokens, read_rows, attn_mask, host_read)
 
 
 SMALL_QUERY_TOKENS = 16  # decode / verify groups: two batched matmuls beat CPU flash SDPA by 20-40%
@@ -131,6 +148,7 @@ class PagedAttention:
         scale: float,
         sparse: SparseParams | None = None,
         digests: DigestPool | None = None,
+        host_layer: HostLayer | None = None,
     ):
         if (sparse is None) != (digests is None):
             raise ValueError("sparse attention needs both SparseParams and a DigestPool")
@@ -139,6 +157,7 @@ class PagedAttention:
         self.scale = scale
         self.sparse = sparse
         self.digests = digests
+        self.host_layer = host_layer  # the host tier's K, V of a layer (SPARSE prefill reads)
         # counters over layers x sparse tokens (read by benchmarks and stats)
         self.num_selected_pages = 0
         self.num_context_pages = 0
@@ -160,8 +179,12 @@ class PagedAttention:
             ).transpose(1, 2)  # [num_reqs, num_heads, num_query_tokens, head_dim]
             rows = group.read_rows
             # index_select, not advanced indexing: ~4x faster for row gathers on CPU
-            keys = torch.index_select(k_rows, 0, rows.view(-1)).view(*rows.shape, -1, head_dim).transpose(1, 2)
-            values = torch.index_select(v_rows, 0, rows.view(-1)).view(*rows.shape, -1, head_dim).transpose(1, 2)
+            keys = torch.index_select(k_rows, 0, rows.view(-1))  # [num_reqs * max_context_len, KVH, D]
+            values = torch.index_select(v_rows, 0, rows.view(-1))
+            if group.host_read is not None:
+                self._read_host(layer, group.host_read, keys, values)
+            keys = keys.view(*rows.shape, -1, head_dim).transpose(1, 2)
+            values = values.view(*rows.shape, -1, head_dim).transpose(1, 2)
             # keys, values: [num_reqs, num_kv_heads, max_context_len, head_dim]
             if group.num_query_tokens <= SMALL_QUERY_TOKENS:
                 attended = _grouped_attention(group_q, keys, values, group.attn_mask, self.scale)
@@ -174,6 +197,15 @@ class PagedAttention:
             out[meta.page_list.token_rows] = self._page_list_forward(layer, q, meta.page_list)
         return out.view(num_tokens, num_heads * head_dim)
 
+    def _read_host(self, layer: int, host_read: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
+                   values: torch.Tensor) -> None:
+        """Fills the key/value rows of pages that are not hot from their host pages."""
+        dst, host_ids = host_read
+        host_k, host_v = self.host_layer(layer)
+        kv_heads, head_dim = keys.shape[1:]
+        keys.index_copy_(0, dst, torch.index_select(host_k, 0, host_ids).view(-1, kv_heads, head_dim))
+        values.index_copy_(0, dst, torch.index_select(host_v, 0, host_ids).view(-1, kv_heads, head_dim))
+
     def _page_list_forward(self, layer: int, q: torch.Tensor, tokens: PageListTokens) -> torch.Tensor:
         """Each token attends over exactly its own selection. Returns ``[num_list_tokens, H, D]``.
         The kernel's arithmetic matches ``_grouped_attention`` (same scaling, softmax and matmul
@@ -182,14 +214,17 @@ class PagedAttention:
         list_q = torch.index_select(q, 0, tokens.token_rows)  # [num_list_tokens, H, D]
         params = self.sparse
         # padding rows are never candidates (pages past the token's window are not read)
-        digest_min, digest_max = self.digests.gather(layer, tokens.page_tables.clamp(min=0))
+        digest_min, digest_max = self.digests.gather(layer, tokens.digest_rows.clamp(min=0))
         selected, num_selected = page_select(
             list_q, digest_min, digest_max, tokens.token_req, tokens.token_pos,
             top_k_pages=params.top_k_pages, sink_pages=params.sink_pages, recent_pages=params.recent_pages,
             page_size=page_size, check_indices=False,
         )  # selected: [num_sparse_tokens, sink + top_k + recent] logical pages, -1 padded
         selected = selected[:, : int(num_selected.max())]  # drop all-padding columns
-        slots = tokens.page_tables[tokens.token_req[:, None], selected.long().clamp(min=0)]
+        table = tokens.page_tables
+        if tokens.sparse is not None:
+            table = tokens.sparse.layer_table(layer, selected, tokens.token_req, table)
+        slots = table[tokens.token_req[:, None], selected.long().clamp(min=0)]
         token_slots = torch.where(selected >= 0, slots, -1)
         self.num_selected_pages += int(num_selected.sum())
         self.num_context_pages += int((tokens.token_pos // page_size + 1).sum())
