@@ -96,10 +96,13 @@ class LocalStack:
             else:
                 log("kvtier   not started: services.kvtier is not runnable in this checkout "
                     "(the decoder serves from its own hot pool)")
+            # with kvtier, sealed pages are written back to its host pool and SPARSE residency
+            # (attention sparse) keeps only working sets hot
+            tier = ["--kvtier-address", f"{o.host}:{o.kvtier_port}"] if self.run_kvtier else []
             self._spawn("decoder", ["-m", "services.decoder.service", "--host", o.host,
                                     "--port", str(o.decoder_port), "--advertise-address", self.decoder_address,
                                     "--decoder-id", f"decoder-{o.instance}", "--redis-url", self.redis.url,
-                                    *o.decoder_args])
+                                    *tier, *o.decoder_args])
             from services.decoder.service.server import probe
 
             self._wait("decoder", lambda: probe(self.decoder_address, timeout_s=1.0))
@@ -195,11 +198,18 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
     parser.add_argument("--api-key", action="append", default=[], help="require this Bearer key (repeatable)")
     parser.add_argument("--model", help="model for the decoder (.gguf or HF-style dir; default: the default model)")
     parser.add_argument("--workdir", type=Path, help="logs and Redis socket (default: a temporary directory)")
+    parser.add_argument("--attention", choices=["dense", "sparse"], help="decoder attention (default: dense)")
+    parser.add_argument("--residency", choices=["adaptive", "always-sparse", "always-full"],
+                        help="decoder hot-tier policy (default: adaptive with kvtier and sparse attention)")
     args = parser.parse_args(argv)
+    decoder_args = ["--model", args.model] if args.model else []
+    for flag in ("attention", "residency"):
+        if getattr(args, flag):
+            decoder_args += [f"--{flag}", getattr(args, flag)]
     options = StackOptions(host=args.host, gateway_port=args.port, decoder_port=args.decoder_port,
                            kvtier_port=args.kvtier_port, kvtier=False if args.no_kvtier else None,
                            kvtier_pool_gib=args.kvtier_pool_gib, workdir=args.workdir, api_keys=args.api_key,
-                           decoder_args=["--model", args.model] if args.model else [])
+                           decoder_args=decoder_args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,9 +1,10 @@
 """The decoder engine with a real kvtier process: eager write-back of sealed pages, one batched
 kvtier call per step, nothing left behind."""
 
+import pytest
 import torch
 
-from dhisparse import LLM, SamplingParams
+from dhisparse import LLM, InvalidRequestError, SamplingParams
 from tests.decoder.prompts import SHORT_PROMPTS, long_document
 
 SMOLLM_LAYOUT = {"num_layers": 30, "num_kv_heads": 3, "head_dim": 64, "page_size": 16, "dtype": "float32"}
@@ -75,4 +76,23 @@ def test_preempted_requests_come_back_from_host_pages_not_recompute(loaded_model
     assert prefill_swapped < prefill_recompute
     assert tiered_llm.engine.check_integrity()
     stats = tiered_llm.engine.host_tier.client.stats(check_integrity=True)
+    assert stats["integrity_ok"] and stats["num_used_pages"] == 0, stats
+
+
+def test_full_host_pool_is_backpressure_not_an_error(loaded_model, kvtier_process, llm):
+    """kvtier's host pool holds 40 pages; three ~20-page requests cannot all hold host pages at
+    once: the engine queues the newest until pages come back, and every output is unchanged."""
+    kvtier = kvtier_process(**SMOLLM_LAYOUT, host_pool_pages=40)
+    tok = loaded_model.tokenizer
+    prompts = [tok.encode(long_document(n)) for n in (16, 18, 14)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    tiered = LLM(loaded=loaded_model, kvtier_address=kvtier.address, decoder_id="dec-bp")
+    outs = tiered.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in llm.generate(prompts, params)]
+    assert sum(o.stats["num_host_waits"] for o in outs) > 0
+    with pytest.raises(InvalidRequestError, match="host pool has 40"):
+        tiered.engine.add_request(tok.encode(long_document(40)), params)
+    assert tiered.engine.check_integrity()
+    stats = tiered.engine.host_tier.client.stats(check_integrity=True)
+    tiered.engine.close()
     assert stats["integrity_ok"] and stats["num_used_pages"] == 0, stats

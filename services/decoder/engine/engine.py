@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import grpc
 import torch
 
 from services.decoder.config import DecoderConfig
@@ -20,7 +21,7 @@ from services.decoder.engine.scheduler import Scheduler
 from services.decoder.engine.stop_checker import StopChecker
 from services.decoder.kv.host_tier import HostTier
 from services.decoder.kv.hot_pool import HotPool
-from services.decoder.kv.kvtier_client import KvLayout, KvtierClient
+from services.decoder.kv.kvtier_client import KvLayout, KvtierClient, KvtierClientError
 from services.decoder.kv.slot_allocator import SlotAllocator
 from services.decoder.model.attention import SparseParams
 from services.decoder.model.llama import LlamaModel
@@ -126,6 +127,13 @@ class Engine:
                 f"prompt needs {pages_needed} pages but the KV pool has {self.config.num_slots} "
                 f"(kv_cache_tokens={self.config.kv_cache_tokens})"
             )
+        if self.host_tier is not None:
+            max_pages = -(-min(len(prompt_ids) + params.max_tokens, self.max_model_len) // self.config.page_size)
+            if max_pages > self.host_tier.client.host_pool.num_host_pages:
+                raise InvalidRequestError(
+                    f"prompt plus max_tokens needs up to {max_pages} pages but kvtier's host pool has "
+                    f"{self.host_tier.client.host_pool.num_host_pages}: lower max_tokens or grow the host pool"
+                )
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -160,7 +168,7 @@ class Engine:
         self.controller.relieve(running)  # below the low watermark: demote before scheduling
         batch = self.scheduler.schedule()
         if self.host_tier is not None:
-            self.host_tier.sync({s.request.request_id: len(s.request.slots) for s in batch})
+            batch = self._sync_host_tier(batch)
         for request, pages in self.controller.promotion_step(running):
             self.host_tier.fetch(request.request_id, pages, [request.slots[p] for p in pages])
             self.controller.finish_promotion(request)
@@ -205,6 +213,35 @@ class Engine:
                     request.num_host_pages = self.host_tier.num_sealed.get(request.request_id, 0)
                     self.controller.trim(request)  # SPARSE: unpin pages that left the recent window
         return events
+
+    def _sync_host_tier(self, batch: list) -> list:
+        """One kvtier call for the step. Backpressure: while kvtier has too few free host pages
+        (RESOURCE_EXHAUSTED, which changes nothing there), the newest request holding host pages
+        (queued ones first, then the step's) gives them all back and waits to be recomputed; the
+        call is retried with its frees. The oldest requests always progress: one request alone
+        fits (``add_request`` checks). Returns the batch that can run."""
+        while True:
+            try:
+                self.host_tier.sync({s.request.request_id: len(s.request.slots) for s in batch})
+                return batch
+            except KvtierClientError as exc:
+                if exc.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                held = self.host_tier.host_pages
+                queued = [r for r in self.scheduler.waiting if r.request_id in held]
+                if queued:
+                    victim = queued[-1]
+                elif len(batch) > 1:
+                    victim = max((s.request for s in batch), key=self.scheduler.running.index)
+                    self.scheduler.preempt(victim)
+                    batch = [s for s in batch if s.request is not victim]
+                else:
+                    raise
+                self.host_tier.release(victim.request_id)  # its frees ride on the retried call
+                victim.num_host_pages = 0
+                victim.num_computed_tokens = 0
+                victim.pending_fetch = []
+                victim.stats.num_host_waits += 1
 
     def _swap_in(self, batch) -> None:
         """Copies written-back pages of re-admitted (preempted) requests into their new slots."""

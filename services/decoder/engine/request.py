@@ -40,6 +40,7 @@ class RequestStats:
     first_token_s: float | None = None
     finished_s: float | None = None
     num_preemptions: int = 0
+    num_host_waits: int = 0  # preemptions because kvtier's host pool was full (backpressure)
     num_prefill_tokens: int = 0  # tokens computed in prefill chunks (recompute included)
     num_swapped_in_pages: int = 0
     num_demotions: int = 0  # FULL -> SPARSE
@@ -60,6 +61,7 @@ class RequestStats:
             "decode_s": decode_s,
             "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else 0.0,
             "num_preemptions": self.num_preemptions,
+            "num_host_waits": self.num_host_waits,
             "num_prefill_tokens": self.num_prefill_tokens,
             "num_swapped_in_pages": self.num_swapped_in_pages,
             "num_demotions": self.num_demotions,

@@ -59,7 +59,8 @@ class Scheduler:
         """Frees every slot of ``request``. Mutates: allocator, request.slots, request.buffer."""
         self.controller.release(request)
 
-    def _preempt(self, victim: Request) -> None:
+    def preempt(self, victim: Request) -> None:
+        """Puts a running request back at the front of the queue, freeing its hot slots."""
         self.running.remove(victim)
         self.release(victim)
         # pages already written back to the host tier come back by copy (admission lists them
@@ -90,7 +91,7 @@ class Scheduler:
                 if self.controller.demote_one(self.running):
                     continue
                 victim = self.running[-1]
-                self._preempt(victim)
+                self.preempt(victim)
                 if victim is request:
                     break
             if request.status is not RequestStatus.RUNNING:

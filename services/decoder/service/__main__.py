@@ -23,6 +23,12 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
     parser.add_argument("--kv-cache-tokens", type=int)
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--attention", choices=["dense", "sparse"])
+    parser.add_argument("--top-k-tokens", type=int, help="sparse top-k budget in tokens")
+    parser.add_argument("--sink-pages", type=int)
+    parser.add_argument("--recent-pages", type=int)
+    parser.add_argument("--residency", choices=["adaptive", "always-sparse", "always-full"],
+                        help="hot-tier policy (default: adaptive with kvtier and sparse attention)")
+    parser.add_argument("--sparse-buffer-pages", type=int, help="LRU buffer slots per SPARSE request")
     parser.add_argument("--threads", dest="num_threads", type=int)
     parser.add_argument("--kvtier-address", help="host:port of kvtier: write sealed pages back to its host pool")
     parser.add_argument("--spec", choices=["none", "ngram"], help="speculative decoding drafter")
