@@ -67,6 +67,8 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "serve": "benchmarks.serve.run",
     "h200_projection": "benchmarks.h200_projection.run",
     "transfer": "benchmarks.transfer",
+    "residency": "benchmarks.residency",
+    "gpu_kernels": "benchmarks.gpu_kernels",
 }
 
 

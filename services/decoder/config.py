@@ -43,6 +43,9 @@ class DecoderConfig(BaseSettings):
     )
     residency_low_watermark: float = Field(0.10, ge=0, lt=1, description="free-slot fraction below which FULL requests are demoted")
     residency_high_watermark: float = Field(0.25, gt=0, le=1, description="free-slot fraction above which SPARSE requests are promoted")
+    resumable_requests: bool = Field(
+        False, description="mark requests resumable in kvtier: their pages survive this decoder's death"
+    )
     promote_pages_per_step: int = Field(64, gt=0, description="pages fetched per step for promotions (transfer budget)")
     decoder_id: str = Field("decoder-0", description="this decoder's identity towards kvtier and Redis")
     model_id: str = Field("SmolLM2-135M-Instruct", description="model id announced to kvtier and clients")

@@ -98,7 +98,7 @@ class Engine:
         if self.config.kvtier_address:
             client = KvtierClient(self.config.kvtier_address, self.config.decoder_id, self.config.model_id,
                                   KvLayout.of_hot_pool(self.pool))
-            self.host_tier = HostTier(client, self.pool)
+            self.host_tier = HostTier(client, self.pool, resumable=self.config.resumable_requests)
             self.runner.attach_host_tier(self.host_tier)
         self.drafter = make_drafter(self.config.spec, **(
             {"min_n": self.config.ngram_min_n, "max_n": self.config.ngram_max_n} if self.config.spec == "ngram" else {}
@@ -109,6 +109,40 @@ class Engine:
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
         """Validates and queues a request. Raises ``InvalidRequestError`` and changes nothing on bad input."""
+        request = self._new_request(prompt_ids, params, request_id)
+        self.requests[request.request_id] = request
+        self.scheduler.add(request)
+        return request.request_id
+
+    def resume_request(self, request_id: str, prompt_ids: list[int], output_ids: list[int],
+                       params: SamplingParams) -> str:
+        """Continues a request another decoder (or this one before a restart) left in kvtier:
+        claims its host pages, copies its committed pages back instead of recomputing them and
+        goes on after ``output_ids`` (the tokens already delivered; they count towards
+        ``max_tokens`` and are not streamed again). Raises ``InvalidRequestError`` (nothing
+        changed) without a host tier or if the request is unknown to kvtier."""
+        if self.host_tier is None:
+            raise InvalidRequestError("resuming needs a kvtier host tier (kvtier_address)")
+        request = self._new_request(prompt_ids, params, request_id)
+        for token_id in output_ids:
+            request.output_ids.append(int(token_id))
+            if request.stop_checker.append(int(token_id)) is not None or request.num_tokens >= request.max_total_len:
+                raise InvalidRequestError(f"request {request_id!r} already finished within its output tokens")
+        request.stop_checker.take_stream_delta(finished=False)  # delivered before: not streamed again
+        try:
+            pages = self.host_tier.claim(request_id)
+        except KvtierClientError as exc:
+            raise InvalidRequestError(f"cannot resume {request_id!r}: {exc.detail}") from exc
+        page_size = self.config.page_size
+        request.num_host_pages = min(pages.num_committed_pages, request.num_tokens // page_size)
+        # at least the last token is computed again: its logits give the next token
+        request.num_computed_tokens = min(request.num_host_pages * page_size, request.num_tokens - 1)
+        self.runner.seal_from_host(request, self.host_tier.host_pages[request_id][: request.num_host_pages])
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+        return request_id
+
+    def _new_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None) -> Request:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be a SamplingParams")
         prompt_ids = [int(t) for t in prompt_ids]
@@ -138,10 +172,7 @@ class Engine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         stop_checker = StopChecker(self.tokenizer, params, self.model_config.eos_token_ids)
-        request = Request(request_id, prompt_ids, params, stop_checker, self.max_model_len)
-        self.requests[request_id] = request
-        self.scheduler.add(request)
-        return request_id
+        return Request(request_id, prompt_ids, params, stop_checker, self.max_model_len)
 
     def abort(self, request_id: str) -> bool:
         """Cancels a request, freeing every slot it holds. Returns False if it is unknown or done."""

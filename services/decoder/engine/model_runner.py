@@ -210,6 +210,19 @@ class ModelRunner:
                 ]
         return committed
 
+    def seal_from_host(self, request: Request, host_page_ids: list[int]) -> None:
+        """Digests (every layer) the request's leading pages straight from their host pages:
+        a resumed request's digests, without bringing the pages hot."""
+        if self.digests is None or not host_page_ids:
+            return
+        missing = len(host_page_ids) - len(request.digest_rows)
+        if missing > 0:
+            request.digest_rows.extend(self.digests.allocate(missing))
+        pages = torch.tensor(host_page_ids, dtype=torch.int64)
+        rows = torch.tensor(request.digest_rows[: len(host_page_ids)], dtype=torch.int64)
+        for layer in range(self.pool.num_layers):
+            self.digests.seal(layer, self.host_tier.client.host_pages(layer)[0], pages, rows)
+
     def seal_pages(self, pages: list[tuple[Request, int]]) -> None:
         """Digests (every layer) the hot ``(request, logical page)`` pages, whose rows are all
         committed now, into the pages' digest rows."""

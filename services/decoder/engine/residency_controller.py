@@ -71,20 +71,27 @@ class ResidencyController:
         return self._pages(request.max_total_len)
 
     # ---- admission ------------------------------------------------------------------------
-    def admit(self, request: Request, num_new_tokens: int) -> bool:
-        """Chooses the mode of a waiting request and gives it the slots of its next chunk
-        (and, if SPARSE, its buffer). Returns False, changing nothing, if it must wait."""
+    def admit(self, request: Request, num_new_tokens: int) -> int:
+        """Chooses the mode of a waiting request and gives it the slots of its next chunk (and,
+        if SPARSE, its buffer). Returns the chunk's tokens (a SPARSE chunk is cut to the free
+        slots), or 0, changing nothing, if the request must wait."""
         s = self.settings
         end_pages = self._pages(request.num_computed_tokens + num_new_tokens)
         host_pages = request.num_host_pages if request.num_computed_tokens else 0
         free = self.allocator.num_free_slots
         if s.policy == "always-full":
             if free < self._pages(request.num_tokens + 1):
-                return False  # admission waits until the whole context fits
-            return self._admit_full(request, end_pages, host_pages)
+                return 0  # admission waits until the whole context fits
+            return num_new_tokens if self._admit_full(request, end_pages, host_pages) else 0
         if s.policy == "adaptive" and free - end_pages >= s.low_watermark_slots:
-            return self._admit_full(request, end_pages, host_pages)
-        return self._admit_sparse(request, end_pages, host_pages)
+            return num_new_tokens if self._admit_full(request, end_pages, host_pages) else 0
+        return self._admit_sparse(request, num_new_tokens, host_pages)
+
+    def chunk_room(self, request: Request) -> int:
+        """Tokens the request can compute next without a slot it cannot get: room in its last
+        page plus every free slot."""
+        held_tokens = len(request.slots) * self.settings.page_size - request.num_computed_tokens
+        return max(held_tokens, 0) + self.allocator.num_free_slots * self.settings.page_size
 
     def _admit_full(self, request: Request, end_pages: int, host_pages: int) -> bool:
         try:
@@ -95,14 +102,19 @@ class ResidencyController:
         request.pending_fetch = list(range(host_pages))
         return True
 
-    def _admit_sparse(self, request: Request, end_pages: int, host_pages: int) -> bool:
+    def _admit_sparse(self, request: Request, num_new_tokens: int, host_pages: int) -> int:
         s = self.settings
         recent_start = self._recent_start(request)
-        pinned = [p for p in range(end_pages) if p < s.sink_pages or p >= recent_start or p >= host_pages]
-        try:
-            slots = self.allocator.allocate(len(pinned) + s.buffer_pages)
-        except OutOfSlotsError:
-            return False
+        start_page = request.num_computed_tokens // s.page_size
+        keep = [p for p in range(start_page) if p < s.sink_pages or p >= recent_start or p >= host_pages]
+        free_for_chunk = self.allocator.num_free_slots - s.buffer_pages - len(keep)
+        room = free_for_chunk * s.page_size - request.num_computed_tokens % s.page_size
+        num_tokens = min(num_new_tokens, room)
+        if num_tokens <= 0:
+            return 0
+        end_pages = self._pages(request.num_computed_tokens + num_tokens)
+        pinned = keep + list(range(start_page, end_pages))
+        slots = self.allocator.allocate(len(pinned) + s.buffer_pages)
         request.mode = Residency.SPARSE
         request.buffer = SparseBuffer(slots[len(pinned):], s.num_layers, self._max_pages(request))
         request.slots = [-1] * end_pages
@@ -110,7 +122,7 @@ class ResidencyController:
             request.slots[page] = slot
             request.buffer.pin(page, slot)
         request.pending_fetch = [p for p in pinned if p < host_pages]
-        return True
+        return num_tokens
 
     def grow(self, request: Request, num_tokens: int) -> bool:
         """Slots for the request's new pages up to ``num_tokens`` tokens (pinned if SPARSE).

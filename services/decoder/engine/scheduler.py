@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.decoder.engine.request import Request, RequestStatus
+from services.decoder.engine.request import Request, RequestStatus, Residency
 from services.decoder.engine.residency_controller import ResidencyController
 
 
@@ -86,6 +86,9 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             num_new = min(request.num_pending_tokens, budget)
+            if num_new > 1 and request.mode is Residency.SPARSE:
+                # a SPARSE prefill chunk takes the slots there are rather than preempting anyone
+                num_new = max(1, min(num_new, self.controller.chunk_room(request)))
             draft = request.draft_ids[: budget - 1] if request.num_pending_tokens == 1 else []
             while not self._ensure_slots(request, request.num_computed_tokens + num_new + len(draft)):
                 if self.controller.demote_one(self.running):
@@ -102,7 +105,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             num_new = min(request.num_pending_tokens, budget)
-            if not self.controller.admit(request, num_new):
+            num_new = self.controller.admit(request, num_new)
+            if not num_new:
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING

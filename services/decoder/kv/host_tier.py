@@ -21,11 +21,12 @@ from services.decoder.kv.kvtier_client import KvLayout, KvtierClient
 
 
 class HostTier:
-    def __init__(self, client: KvtierClient, pool: HotPool):
+    def __init__(self, client: KvtierClient, pool: HotPool, resumable: bool = False):
         if KvLayout.of_hot_pool(pool) != client.layout:
             raise ValueError("the kvtier client's layout does not match the hot pool")
         self.client = client
         self.pool = pool
+        self.resumable = resumable  # mark every request resumable: its pages outlive this decoder
         client.attach()
         client.start_heartbeat()  # keeps the lease while the engine is idle (steps renew it too)
         self.host_pages: dict[str, list[int]] = {}  # request -> host page id per logical page
@@ -51,8 +52,11 @@ class HostTier:
         self.num_step_calls += 1
         self._pending_commits = {}
         self._pending_frees = []
+        new_ids = [rid for rid in outcome.allocated if rid not in self.host_pages]
         for rid, ids in outcome.allocated.items():
             self.host_pages.setdefault(rid, []).extend(ids)
+        if self.resumable and new_ids:
+            self.client.mark_resumable(new_ids)  # one call for the step's new requests
 
     def write_back(self, sealed: list[tuple[str, int, int]]) -> None:
         """After acceptance: ``sealed`` = (request, logical page, hot slot) of pages whose rows
@@ -83,6 +87,14 @@ class HostTier:
             gather_pages(host_k, self.pool.k[layer], host_ids, dst, check_indices=False)
             gather_pages(host_v, self.pool.v[layer], host_ids, dst, check_indices=False)
         self.num_fetched_pages += len(pages)
+
+    def claim(self, request_id: str):
+        """Takes over a request kvtier holds (after a decoder restart): its host pages and
+        committed count become this tier's. Returns kvtier's ``RequestPages``."""
+        pages = self.client.lookup([request_id], claim=True)[request_id]
+        self.host_pages[request_id] = list(pages.host_page_ids)
+        self.num_sealed[request_id] = pages.num_committed_pages
+        return pages
 
     def release(self, request_id: str) -> None:
         """The request finished: its host pages are freed with the next call."""
