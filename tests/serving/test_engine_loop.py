@@ -46,6 +46,10 @@ def test_streams_what_the_engine_generates(loop, reference):
         assert last.finished and last.finish_reason == "length"
         assert (last.num_prompt_tokens, last.num_output_tokens) == (len(ids), 8)
         assert last.timing["prefill_s"] >= 0 and "num_verify_steps" in last.timing
+        # 6 prompt + 8 output tokens: one page, FULL, nothing moved (no host tier here)
+        assert outputs[0].residency == {"mode": "full", "num_hot_pages": 1, "num_hot_hits": 0, "num_hot_misses": 0,
+                                        "num_bytes_fetched": 0, "num_bytes_written": 0}
+        assert last.residency["num_hot_pages"] == 0  # released when it finished
     wait_until(lambda: loop.num_in_flight == 0)
     stats = loop.stats()
     assert stats.num_requests_finished == 3 and stats.num_generated_tokens == 24

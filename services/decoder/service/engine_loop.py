@@ -48,6 +48,18 @@ class Output:
     num_prompt_tokens: int
     num_output_tokens: int  # cumulative
     timing: dict | None = None  # on the final output: ``finished_stats``
+    residency: dict | None = None  # ``residency_stats`` of the request after this step
+
+
+def residency_stats(request, bytes_per_page: int, num_layers: int) -> dict:
+    """The request's KV residency: mode, hot pages held (pinned + SPARSE buffer), buffer hits and
+    misses (summed over layers), bytes copied host -> hot and hot -> host so far."""
+    stats = request.stats
+    hot = sum(1 for slot in request.slots if slot >= 0) + (len(request.buffer.slots) if request.buffer else 0)
+    fetched = stats.num_buffer_misses * (bytes_per_page // num_layers) + stats.num_swapped_in_pages * bytes_per_page
+    return {"mode": request.mode.value, "num_hot_pages": hot, "num_hot_hits": stats.num_buffer_hits,
+            "num_hot_misses": stats.num_buffer_misses, "num_bytes_fetched": fetched,
+            "num_bytes_written": request.num_host_pages * bytes_per_page}
 
 
 def finished_stats(stats, num_output_tokens: int) -> dict:
@@ -258,9 +270,11 @@ class EngineLoop:
                 timing = finished_stats(request.stats, len(request.output_ids))
                 with self._stats_lock:
                     self._stats.num_requests_finished += 1
+            pool = self.engine.pool
             handle._outputs.put(Output(
                 event.request_id, token_ids, event.text_delta, event.finished, event.finish_reason,
-                request.num_prompt_tokens, len(request.output_ids), timing))
+                request.num_prompt_tokens, len(request.output_ids), timing,
+                residency_stats(request, pool.bytes_per_slot, pool.num_layers)))
         with self._stats_lock:
             self._stats.num_generated_tokens += num_new_tokens
 
@@ -287,5 +301,5 @@ class EngineLoop:
             self._stats.num_running = len(scheduler.running)
             self._stats.num_waiting = len(scheduler.waiting)
             self._stats.num_free_slots = self.engine.allocator.num_free_slots
-            live = self._stats.num_running + self._stats.num_waiting
-            self._stats.residency_mode_counts = {"full": live, "sparse": 0}
+            modes = [r.mode.value for r in scheduler.running + list(scheduler.waiting)]
+            self._stats.residency_mode_counts = {"full": modes.count("full"), "sparse": modes.count("sparse")}

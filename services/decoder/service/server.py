@@ -77,8 +77,9 @@ def chunk_of(outputs: list[Output]) -> pb.GenerateChunk:
         text_delta="".join(o.text_delta for o in outputs),
         finish_reason=last.finish_reason or "" if last.finished else "",
         usage=pb.Usage(prompt_tokens=last.num_prompt_tokens, completion_tokens=last.num_output_tokens),
-        residency=pb.ResidencyStats(mode="full"),
     )
+    if last.residency is not None:
+        chunk.residency.CopyFrom(pb.ResidencyStats(**last.residency))
     if last.timing:
         t = last.timing
         chunk.timing.CopyFrom(pb.Timing(queue_s=t["queue_s"], prefill_s=t["prefill_s"], decode_s=t["decode_s"],
