@@ -65,13 +65,14 @@ def build_prompts(tokenizer, kind: str, count: int) -> list[list[int]]:
     return prompts
 
 
-def run_setting(loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int) -> dict:
+def run_setting(loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
+                budget: str = "fixed") -> dict:
     from dhisparse import LLM, SamplingParams
 
     # pool sized for this batch only: each LLM preallocates (and touches) its whole hot pool
     needed = sum(len(p) + max_tokens + 2 * 16 + spec_tokens for p in prompts)
     capacity = max(-(-needed // 16) * 16, 8192)
-    llm = LLM(loaded=loaded, spec=spec, spec_tokens=spec_tokens, max_num_batched_tokens=1024,
+    llm = LLM(loaded=loaded, spec=spec, spec_tokens=spec_tokens, max_num_batched_tokens=1024, verify_budget=budget,
               kv_cache_tokens=capacity, max_model_len=min(capacity, loaded.config.max_position_embeddings))
     params = SamplingParams(max_tokens=max_tokens)
     # warm-up: builds the packed-GEMM weights for the row counts verify steps use (lazy, see model/linear.py)
@@ -101,21 +102,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     loaded = load_model(resolve_model_path(None))
-    settings = [("none", 0), ("ngram", 4), ("ngram", 8)]
+    settings = [("none", 0, "fixed"), ("ngram", 4, "fixed"), ("ngram", 8, "fixed"), ("ngram", 8, "adaptive")]
     rows = []
     for kind in args.kinds.split(","):
         for concurrency in (int(c) for c in args.concurrency.split(",")):
             prompts = build_prompts(loaded.tokenizer, kind, concurrency)
             base = None
-            for spec, spec_tokens in settings:
-                figures = run_setting(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1))
+            for spec, spec_tokens, budget in settings:
+                figures = run_setting(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1), budget)
                 outputs = figures.pop("outputs")
                 if base is None:
                     base = (figures["tokens_per_s"], outputs)
-                row = {"kind": kind, "concurrency": concurrency, "spec": spec, "spec_tokens": spec_tokens, **figures,
+                row = {"kind": kind, "concurrency": concurrency, "spec": spec, "spec_tokens": spec_tokens,
+                       "verify_budget": budget, **figures,
                        "speedup_vs_none": figures["tokens_per_s"] / base[0], "lossless": outputs == base[1]}
                 rows.append(row)
-                print(f"{kind:12s} c={concurrency:2d} {spec:5s} k={spec_tokens}: {figures['tokens_per_s']:7.1f} tok/s "
+                print(f"{kind:12s} c={concurrency:2d} {spec:5s} k={spec_tokens} {budget:8s}: {figures['tokens_per_s']:7.1f} tok/s "
                       f"x{row['speedup_vs_none']:.2f}  acc.len {figures['mean_acceptance_length']:.2f}  lossless={row['lossless']}")
     copy_c1 = [r for r in rows if r["kind"] == "code_edit" and r["concurrency"] == 1 and r["spec"] == "ngram"]
     targets = {"ngram_speedup_copy_heavy_c1>=1.5": max((r["speedup_vs_none"] for r in copy_c1), default=0) >= 1.5,
@@ -139,9 +141,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     kinds = sorted({r["kind"] for r in rows})
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.8), squeeze=False)
     for ax, kind in zip(axes[0], kinds):
-        for spec, spec_tokens in sorted({(r["spec"], r["spec_tokens"]) for r in rows}):
-            sel = [r for r in rows if r["kind"] == kind and r["spec"] == spec and r["spec_tokens"] == spec_tokens]
-            label = "no speculation" if spec == "none" else f"{spec} k={spec_tokens}"
+        for spec, spec_tokens, budget in sorted({(r["spec"], r["spec_tokens"], r["verify_budget"]) for r in rows}):
+            sel = [r for r in rows if r["kind"] == kind and (r["spec"], r["spec_tokens"], r["verify_budget"])
+                   == (spec, spec_tokens, budget)]
+            label = "no speculation" if spec == "none" else f"{spec} k={spec_tokens} {budget}"
             ax.plot([r["concurrency"] for r in sel], [r["tokens_per_s"] for r in sel], "o-", label=label)
         ax.set_title(kind)
         ax.set_xscale("log", base=2)

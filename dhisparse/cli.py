@@ -34,6 +34,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         "recent_pages": args.recent_pages,
         "spec": args.spec,
         "spec_tokens": args.spec_tokens,
+        "verify_budget": args.verify_budget,
     }
     if args.threads:
         fields["num_threads"] = args.threads
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--recent-pages", type=int, default=4)
     gen.add_argument("--spec", default="none", choices=["none", "ngram"], help="speculative decoding drafter")
     gen.add_argument("--spec-tokens", type=int, default=4, help="draft tokens verified per step")
+    gen.add_argument("--verify-budget", default="fixed", choices=["fixed", "adaptive"],
+                     help="adaptive: per-request draft length from acceptance vs profiled step costs")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.set_defaults(func=_cmd_generate)
 

@@ -32,6 +32,9 @@ class DecoderConfig(BaseSettings):
     recent_pages: int = Field(4, ge=1, description="recent window in pages, including the unsealed tail")
     spec: Literal["none", "ngram"] = Field("none", description="speculative decoding drafter")
     spec_tokens: int = Field(4, ge=1, le=64, description="draft tokens verified per step")
+    verify_budget: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="adaptive: per-request draft length from acceptance vs profiled step and fetch costs"
+    )
     ngram_min_n: int = Field(1, ge=1)
     ngram_max_n: int = Field(4, ge=1)
     kvtier_address: str | None = Field(None, description="host:port of kvtier; None = no host tier")

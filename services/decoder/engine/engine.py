@@ -18,6 +18,7 @@ from services.decoder.engine.request import Request, RequestStatus, Residency
 from services.decoder.engine.residency_controller import ResidencyController, ResidencySettings
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.engine.scheduler import Scheduler
+from services.decoder.engine.step_profile import profile_engine
 from services.decoder.engine.stop_checker import StopChecker
 from services.decoder.kv.host_tier import HostTier
 from services.decoder.kv.hot_pool import HotPool
@@ -28,6 +29,7 @@ from services.decoder.model.llama import LlamaModel
 from services.decoder.model.loader import LoadedModel, load_model
 from services.decoder.model.model_store import resolve_model_path
 from services.decoder.spec.drafter import make_drafter
+from services.decoder.spec.verify_budget import StepCostTable, choose_draft_length
 
 
 @dataclass
@@ -105,6 +107,10 @@ class Engine:
         ))
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self.step_costs: StepCostTable | None = None  # adaptive verify budget only
+        self.fetch_s_per_page_layer = 0.0
+        if self.drafter is not None and self.config.verify_budget == "adaptive":
+            self.step_costs, self.fetch_s_per_page_layer = profile_engine(self)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
@@ -227,6 +233,7 @@ class Engine:
                 request.stats.num_verify_steps += 1
                 request.stats.drafted_tokens += len(sched.draft)
                 request.stats.accepted_tokens += len(tokens) - 1
+                request.acceptance.update(len(sched.draft), len(tokens) - 1)
             for token_id in tokens or []:
                 self._append_token(request, token_id, events)
                 if request.is_finished:
@@ -287,11 +294,26 @@ class Engine:
     def _propose_drafts(self) -> None:
         if self.drafter is None:
             return
-        for request in self.scheduler.running:
+        running = self.scheduler.running
+        for request in running:
             room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
             if request.num_pending_tokens == 1 and room > 0:
                 ids = request.prompt_ids + request.output_ids
-                request.draft_ids = self.drafter.propose(ids, min(self.config.spec_tokens, room))
+                draft = self.drafter.propose(ids, min(self.config.spec_tokens, room))
+                if draft and self.step_costs is not None:
+                    draft = draft[: self._verify_budget(request, len(draft), other_tokens=len(running) - 1)]
+                request.draft_ids = draft
+
+    def _verify_budget(self, request: Request, max_len: int, other_tokens: int) -> int:
+        """Adaptive verify budget (``spec/verify_budget.py``): the request's running acceptance
+        rate as per-position confidence, the profiled step costs, and for a SPARSE request the
+        host fetches its larger working set costs (its measured misses per query token)."""
+        fetch_s = 0.0
+        if request.mode is Residency.SPARSE:
+            misses_per_token = request.stats.num_buffer_misses / max(len(request.output_ids), 1)
+            fetch_s = misses_per_token * self.fetch_s_per_page_layer
+        confidences = [request.acceptance.rate] * max_len
+        return choose_draft_length(confidences, other_tokens, self.step_costs, fetch_s)
 
     def _append_token(self, request: Request, token_id: int, events: list[TokenEvent]) -> None:
         request.output_ids.append(token_id)

@@ -33,6 +33,7 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
     parser.add_argument("--kvtier-address", help="host:port of kvtier: write sealed pages back to its host pool")
     parser.add_argument("--spec", choices=["none", "ngram"], help="speculative decoding drafter")
     parser.add_argument("--spec-tokens", type=int, help="draft tokens verified per step")
+    parser.add_argument("--verify-budget", choices=["fixed", "adaptive"], help="draft length per request")
     parser.add_argument("--probe", metavar="HOST:PORT", help="exit 0 if the decoder there is serving")
     return parser
 

@@ -1,0 +1,71 @@
+"""The adaptive verify budget: exact choices of the draft length, and losslessness in the engine."""
+
+import pytest
+
+from dhisparse import LLM, SamplingParams
+from services.decoder.spec.verify_budget import (
+    AcceptanceEstimate,
+    StepCostTable,
+    choose_draft_length,
+    expected_committed,
+)
+
+FLAT = StepCostTable((1, 64), (0.010, 0.010))  # memory-bound: verifying more tokens is free
+STEEP = StepCostTable((1, 2, 4, 8), (0.010, 0.020, 0.040, 0.080))  # compute-bound: cost per token
+
+
+def test_expected_committed_is_one_plus_survival_products():
+    assert expected_committed([]) == 1.0
+    assert expected_committed([0.5, 0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_cost_table_interpolates_and_extrapolates():
+    assert STEEP.step_s(3) == pytest.approx(0.030)
+    assert STEEP.step_s(16) == pytest.approx(0.160)  # the last slope
+    assert FLAT.step_s(1000) == pytest.approx(0.010)
+    with pytest.raises(ValueError):
+        StepCostTable((4, 2), (0.1, 0.2))
+
+
+def test_free_verification_takes_every_draft_token_and_steep_cost_takes_none():
+    assert choose_draft_length([0.9] * 8, 0, FLAT) == 8
+    assert choose_draft_length([0.3] * 8, 0, FLAT) == 8  # still free: any acceptance helps
+    # each extra token costs a full step: only a certain token (p = 1) would break even; 0.9 does not
+    assert choose_draft_length([0.9] * 8, 0, STEEP) == 0
+
+
+def test_middle_ground_batch_load_and_fetch_cost_shrink_the_budget():
+    mild = StepCostTable((1, 9), (0.010, 0.018))  # 1 ms per extra token
+    # rate(k) = E(k) / (10 + k) ms with p = 0.8: E = 1, 1.8, 2.44, 2.95, 3.36, 3.69, 3.95, 4.16: best k = 6
+    assert choose_draft_length([0.8] * 8, 0, mild) == 6
+    # a SPARSE request whose extra positions each fetch 2 ms of pages: (10 + 3k) ms, best k = 3
+    assert choose_draft_length([0.8] * 8, 0, mild, fetch_s_per_position=0.002) == 3
+    # free up to 8 batch tokens, then 2.5 ms per token: alone 7 drafts ride free; behind 12 other
+    # tokens every draft token costs, and the budget drops to 5
+    knee = StepCostTable((1, 8, 16), (0.010, 0.010, 0.030))
+    assert choose_draft_length([0.8] * 8, 0, knee) == 7
+    assert choose_draft_length([0.8] * 8, 12, knee) == 5
+
+
+def test_acceptance_estimate_moves_towards_what_it_sees():
+    est = AcceptanceEstimate(rate=0.5, weight=0.5)
+    est.update(4, 4)
+    assert est.rate == pytest.approx(0.75)
+    est.update(0, 0)  # no draft: no information
+    assert est.rate == pytest.approx(0.75)
+    est.update(4, 0)
+    assert est.rate == pytest.approx(0.375)
+
+
+def test_adaptive_budget_is_lossless_and_profiles_the_engine(loaded_model):
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
+               "List the planets: Mercury, Venus, Earth, Mars. List them again: Mercury,"]
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    plain = LLM(loaded=loaded_model).generate(prompts, params)
+    adaptive = LLM(loaded=loaded_model, spec="ngram", spec_tokens=8, verify_budget="adaptive")
+    costs = adaptive.engine.step_costs
+    assert costs is not None and costs.tokens[0] == 1 and len(costs.tokens) >= 5 and min(costs.seconds) > 0
+    assert adaptive.engine.allocator.num_free_slots == adaptive.engine.allocator.num_slots  # profile cleaned up
+    outs = adaptive.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    assert sum(o.stats["num_verify_steps"] for o in outs) > 0
