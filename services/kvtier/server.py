@@ -11,7 +11,14 @@ from concurrent import futures
 import grpc
 
 from services.kvtier.config import KvtierConfig
-from services.kvtier.messages import AllocateItem, CommitItem, KvtierError, PageLayout
+from services.kvtier.messages import (
+    FAILED_PRECONDITION,
+    INVALID_ARGUMENT,
+    AllocateItem,
+    CommitItem,
+    KvtierError,
+    PageLayout,
+)
 from services.kvtier.service import KvtierService
 from services.metadata.redis_server import RedisServer
 from services.rpc import kvtier_pb2 as pb
@@ -50,6 +57,7 @@ def _commits(items) -> list[CommitItem]:
 class KvtierServicer(pb_grpc.KvtierServicer):
     def __init__(self, service: KvtierService):
         self.service = service
+        self._cuda = None  # CudaHotPools, made on the first export (CUDA machines only)
 
     @_translating
     def Attach(self, request, context):
@@ -68,7 +76,10 @@ class KvtierServicer(pb_grpc.KvtierServicer):
 
     @_translating
     def Detach(self, request, context):
-        return pb.DetachResponse(freed_request_ids=self.service.detach(request.decoder_id))
+        freed = self.service.detach(request.decoder_id)
+        if self._cuda is not None:
+            self._cuda.drop(request.decoder_id)
+        return pb.DetachResponse(freed_request_ids=freed)
 
     @_translating
     def Heartbeat(self, request, context):
@@ -105,6 +116,38 @@ class KvtierServicer(pb_grpc.KvtierServicer):
                             num_committed_pages=r.num_committed_pages, owner_decoder_id=r.owner_decoder_id,
                             resumable=r.resumable) for r in found
         ])
+
+    @_translating
+    def ExportHotPool(self, request, context):
+        self.service.host_pages_for(request.decoder_id, [])  # the caller must hold a lease
+        try:
+            self._cuda_pools().import_pool(request.decoder_id, request.ipc, tuple(request.shape))
+        except ValueError as exc:
+            raise KvtierError(INVALID_ARGUMENT, str(exc)) from exc
+        except RuntimeError as exc:  # no CUDA here, or the handle does not open
+            raise KvtierError(FAILED_PRECONDITION, f"cannot open the exported hot pool: {exc}") from exc
+        return pb.ExportHotPoolResponse()
+
+    @_translating
+    def WriteBack(self, request, context):
+        items = [(i.request_id, i.page_index) for i in request.items]
+        host_ids = self.service.host_pages_for(request.decoder_id, items)
+        pools = self._cuda_pools()
+        if not pools.has_pool(request.decoder_id):
+            raise KvtierError(FAILED_PRECONDITION, f"decoder {request.decoder_id!r} exported no hot pool")
+        try:
+            pools.write_back(request.decoder_id, [i.slot for i in request.items], host_ids)
+        except ValueError as exc:
+            raise KvtierError(INVALID_ARGUMENT, str(exc)) from exc
+        return pb.WriteBackResponse(num_pages=len(host_ids))
+
+    def _cuda_pools(self):
+        if self._cuda is None:
+            from services.kvtier.cuda_hot_pools import CudaHotPools
+
+            pool = self.service.pool
+            self._cuda = CudaHotPools(pool._mapped(), pool.layout)
+        return self._cuda
 
     @_translating
     def Stats(self, request, context):

@@ -317,6 +317,21 @@ class KvtierService:
         if not self.leases.has(decoder_id):
             raise KvtierError(NOT_FOUND, f"decoder {decoder_id!r} holds no lease (expired or never attached): attach")
 
+    def host_pages_for(self, decoder_id: str, items: Iterable[tuple[str, int]]) -> list[int]:
+        """Host page ids of the caller's ``(request_id, logical page)`` pairs; NOT_FOUND /
+        FAILED_PRECONDITION (not the caller's, or the page is not allocated). Reads only."""
+        _check_id("decoder_id", decoder_id)
+        with self._lock:
+            self._require_lease(decoder_id)
+            ids = []
+            for request_id, page in items:
+                entry = self._owned(decoder_id, request_id)
+                if not 0 <= page < len(entry.host_pages):
+                    raise KvtierError(FAILED_PRECONDITION, f"request {request_id!r} has no page {page} "
+                                                           f"({len(entry.host_pages)} allocated)")
+                ids.append(entry.host_pages[page])
+            return ids
+
     def _owned(self, decoder_id: str, request_id: str):
         entry = self.page_table.get(request_id)
         if entry is None:

@@ -6,6 +6,64 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CudaIpcHandle(_message.Message):
+    __slots__ = ("device", "handle", "storage_size_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    def __init__(self, device: _Optional[int] = ..., handle: _Optional[bytes] = ..., storage_size_bytes: _Optional[int] = ..., storage_offset_bytes: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ...) -> None: ...
+
+class ExportHotPoolRequest(_message.Message):
+    __slots__ = ("decoder_id", "ipc", "shape")
+    DECODER_ID_FIELD_NUMBER: _ClassVar[int]
+    IPC_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    decoder_id: str
+    ipc: CudaIpcHandle
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, decoder_id: _Optional[str] = ..., ipc: _Optional[_Union[CudaIpcHandle, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ExportHotPoolResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WriteBackItem(_message.Message):
+    __slots__ = ("request_id", "page_index", "slot")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    page_index: int
+    slot: int
+    def __init__(self, request_id: _Optional[str] = ..., page_index: _Optional[int] = ..., slot: _Optional[int] = ...) -> None: ...
+
+class WriteBackRequest(_message.Message):
+    __slots__ = ("decoder_id", "items")
+    DECODER_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    decoder_id: str
+    items: _containers.RepeatedCompositeFieldContainer[WriteBackItem]
+    def __init__(self, decoder_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[WriteBackItem, _Mapping]]] = ...) -> None: ...
+
+class WriteBackResponse(_message.Message):
+    __slots__ = ("num_pages",)
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    num_pages: int
+    def __init__(self, num_pages: _Optional[int] = ...) -> None: ...
+
 class PageLayout(_message.Message):
     __slots__ = ("dtype", "num_layers", "num_kv_heads", "head_dim", "page_size")
     DTYPE_FIELD_NUMBER: _ClassVar[int]

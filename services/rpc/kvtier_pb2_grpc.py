@@ -84,6 +84,16 @@ class KvtierStub:
                 request_serializer=kvtier__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvtier__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.ExportHotPool = channel.unary_unary(
+                '/dhisparse.kvtier.v1.Kvtier/ExportHotPool',
+                request_serializer=kvtier__pb2.ExportHotPoolRequest.SerializeToString,
+                response_deserializer=kvtier__pb2.ExportHotPoolResponse.FromString,
+                _registered_method=True)
+        self.WriteBack = channel.unary_unary(
+                '/dhisparse.kvtier.v1.Kvtier/WriteBack',
+                request_serializer=kvtier__pb2.WriteBackRequest.SerializeToString,
+                response_deserializer=kvtier__pb2.WriteBackResponse.FromString,
+                _registered_method=True)
 
 
 class KvtierServicer:
@@ -159,6 +169,23 @@ class KvtierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportHotPool(self, request, context):
+        """CUDA: the decoder exports its hot pool (one CUDA allocation) through a CUDA IPC handle, so
+        that kvtier drives write-back from GPU memory into the host pool. Re-exporting replaces it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteBack(self, request, context):
+        """Copies hot-pool slots of the caller's exported pool into the host pages of (request, page):
+        every request must be the caller's and every page allocated; all-or-nothing validation.
+        FAILED_PRECONDITION without an exported pool.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KvtierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +238,16 @@ def add_KvtierServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvtier__pb2.StatsRequest.FromString,
                     response_serializer=kvtier__pb2.StatsResponse.SerializeToString,
+            ),
+            'ExportHotPool': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportHotPool,
+                    request_deserializer=kvtier__pb2.ExportHotPoolRequest.FromString,
+                    response_serializer=kvtier__pb2.ExportHotPoolResponse.SerializeToString,
+            ),
+            'WriteBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteBack,
+                    request_deserializer=kvtier__pb2.WriteBackRequest.FromString,
+                    response_serializer=kvtier__pb2.WriteBackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +520,60 @@ class Kvtier:
             '/dhisparse.kvtier.v1.Kvtier/Stats',
             kvtier__pb2.StatsRequest.SerializeToString,
             kvtier__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportHotPool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dhisparse.kvtier.v1.Kvtier/ExportHotPool',
+            kvtier__pb2.ExportHotPoolRequest.SerializeToString,
+            kvtier__pb2.ExportHotPoolResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dhisparse.kvtier.v1.Kvtier/WriteBack',
+            kvtier__pb2.WriteBackRequest.SerializeToString,
+            kvtier__pb2.WriteBackResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,3 +28,37 @@ def test_registered_host_pool_round_trips_through_a_cuda_hot_pool(kvtier_process
         gather_pages(host_k, back, torch.tensor(pages, device="cuda"), slots)  # fetch
         torch.cuda.synchronize()
         assert torch.equal(back[slots], hot[slots])
+
+
+@pytest.mark.gpu
+def test_kvtier_drives_write_back_from_an_exported_cuda_hot_pool(kvtier_process):
+    """The decoder exports its CUDA hot pool through CUDA IPC; kvtier (another process) copies the
+    sealed pages into the host pool itself; foreign requests and unallocated pages are refused."""
+    from services.decoder.kv.host_tier import HostTier
+    from services.decoder.kv.hot_pool import HotPool
+    from services.decoder.kv.kvtier_client import KvtierClientError
+
+    kv = kvtier_process()
+    pool = HotPool(LAYOUT.num_layers, 6, LAYOUT.page_size, LAYOUT.num_kv_heads, LAYOUT.head_dim, device="cuda")
+    pool.storage.normal_()
+    client = KvtierClient(kv.address, "d0", "m", LAYOUT)
+    tier = HostTier(client, pool)  # attaches, registers the host pool, exports the hot pool
+    assert tier.kvtier_driven
+    tier.sync({"r1": 3})
+    tier.write_back([("r1", 0, 4), ("r1", 2, 1)])  # kvtier copies slots 4 and 1
+    host = client.host_pool.pool  # [pages, layers, 2, page, heads, dim]
+    ids = tier.host_pages["r1"]
+    for page, slot in ((0, 4), (2, 1)):
+        for layer in range(LAYOUT.num_layers):
+            assert torch.equal(host[ids[page], layer, 0], pool.k[layer][slot].cpu())
+            assert torch.equal(host[ids[page], layer, 1], pool.v[layer][slot].cpu())
+    before = host.clone()
+    with pytest.raises(KvtierClientError, match="no page 7"):
+        client.write_back([("r1", 7, 0)])
+    with pytest.raises(KvtierClientError, match="has no host pages"):
+        client.write_back([("someone-else", 0, 0)])
+    assert torch.equal(host, before)  # refused calls changed nothing
+    tier.release("r1")
+    tier.flush()
+    client.detach()  # kvtier drops the imported pool before the exporting process ends
+    client.close()

@@ -206,7 +206,7 @@ class Engine:
         batch = self.scheduler.schedule()
         if self.host_tier is not None:
             batch = self._sync_host_tier(batch)
-        for request, pages in self.controller.promotion_step(running):
+        for request, pages in self.controller.promotion_step(running, len(self.scheduler.waiting)):
             self.host_tier.fetch(request.request_id, pages, [request.slots[p] for p in pages])
             self.controller.finish_promotion(request)
         if not batch:

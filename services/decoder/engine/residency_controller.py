@@ -7,7 +7,8 @@ Policies:
   - ``always-sparse`` (HiSparse-style): every request is SPARSE from admission on.
   - ``adaptive`` (default with a host tier): admitted FULL while the pool's free slots after
     the admission stay at or above the low watermark, else SPARSE. Under pressure (a running
-    request needs a slot, or free slots fall below the low watermark) the FULL request with the
+    request needs a slot, a waiting request cannot be admitted even as SPARSE, or free slots fall
+    below the low watermark) the FULL request with the
     most releasable pages is demoted: the one whose demotion frees the most slots, so the fewest
     requests lose their FULL speed. Demotion copies nothing: its sealed pages are already on the
     host. While free slots stay above the high watermark, the SPARSE request with the fewest
@@ -209,12 +210,13 @@ class ResidencyController:
         while self.allocator.num_free_slots < s.low_watermark_slots and self.demote_one(running):
             pass
 
-    def promotion_step(self, running: list[Request]) -> list[tuple[Request, list[int]]]:
-        """Adaptive only, above the high watermark: gives cold pages of one SPARSE request new
-        slots (at most ``promote_pages_per_step``) and returns (request, pages) to fetch; the
-        request turns FULL once it has no cold page. Mutates: slots, buffer pins, modes."""
+    def promotion_step(self, running: list[Request], num_waiting: int = 0) -> list[tuple[Request, list[int]]]:
+        """Adaptive only, above the high watermark and with nobody waiting (room goes to new
+        requests first): gives cold pages of one SPARSE request new slots (at most
+        ``promote_pages_per_step``) and returns (request, pages) to fetch; the request turns FULL
+        once it has no cold page. Mutates: slots, buffer pins, modes."""
         s = self.settings
-        if s.policy != "adaptive":
+        if s.policy != "adaptive" or num_waiting:
             return []
         free = self.allocator.num_free_slots
         if free - s.promote_pages_per_step < s.low_watermark_slots:

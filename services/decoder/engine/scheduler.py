@@ -105,9 +105,13 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             num_new = min(request.num_pending_tokens, budget)
-            num_new = self.controller.admit(request, num_new)
-            if not num_new:
+            admitted = self.controller.admit(request, num_new)
+            # load beyond the hot pool: demote FULL requests (adaptive) until the head of the queue fits
+            while not admitted and self.controller.demote_one(self.running):
+                admitted = self.controller.admit(request, num_new)
+            if not admitted:
                 break
+            num_new = admitted
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)

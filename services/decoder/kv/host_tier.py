@@ -28,6 +28,12 @@ class HostTier:
         self.pool = pool
         self.resumable = resumable  # mark every request resumable: its pages outlive this decoder
         client.attach()
+        # on CUDA kvtier drives write-back from the exported hot pool (CUDA IPC); the decoder
+        # reads the host pool zero-copy for fetches (cudaHostRegister)
+        self.kvtier_driven = pool.storage.is_cuda
+        if self.kvtier_driven:
+            client.host_pool.register_with_cuda()
+            client.export_hot_pool(pool.storage)
         client.start_heartbeat()  # keeps the lease while the engine is idle (steps renew it too)
         self.host_pages: dict[str, list[int]] = {}  # request -> host page id per logical page
         self.num_sealed: dict[str, int] = {}  # request -> leading pages copied to the host
@@ -63,17 +69,23 @@ class HostTier:
         are all committed. Copies them into their host pages, every layer; queues the commit."""
         if not sealed:
             return
+        if self.kvtier_driven:
+            self.client.write_back(sealed)  # kvtier copies from the exported CUDA hot pool
+        else:
+            self._copy_to_host(sealed)
+        self.num_written_pages += len(sealed)
+        for rid, page, _ in sealed:
+            done = max(self.num_sealed.get(rid, 0), page + 1)
+            self.num_sealed[rid] = done
+            self._pending_commits[rid] = done
+
+    def _copy_to_host(self, sealed: list[tuple[str, int, int]]) -> None:
         slots = torch.tensor([slot for _, _, slot in sealed], dtype=torch.int64)
         host_ids = torch.tensor([self.host_pages[rid][page] for rid, page, _ in sealed], dtype=torch.int64)
         for layer in range(self.pool.num_layers):
             host_k, host_v = self.client.host_pages(layer)
             gather_pages(self.pool.k[layer], host_k, slots, host_ids, check_indices=False)
             gather_pages(self.pool.v[layer], host_v, slots, host_ids, check_indices=False)
-        self.num_written_pages += len(sealed)
-        for rid, page, _ in sealed:
-            done = max(self.num_sealed.get(rid, 0), page + 1)
-            self.num_sealed[rid] = done
-            self._pending_commits[rid] = done
 
     def fetch(self, request_id: str, pages: list[int], slots: list[int]) -> None:
         """Copies the request's host pages of logical ``pages`` into hot ``slots`` (every layer)."""

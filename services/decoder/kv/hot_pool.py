@@ -1,6 +1,8 @@
 """The decoder's hot KV pool: bounded fast memory holding pages, one tensor pair per layer.
 
-Layout per layer: ``k[layer], v[layer]: [num_slots, page_size, num_kv_heads, head_dim]``.
+Layout: one tensor ``storage: [num_layers, 2 (K, V), num_slots, page_size, num_kv_heads,
+head_dim]``; per layer the views ``k[layer], v[layer]: [num_slots, page_size, num_kv_heads,
+head_dim]`` (each contiguous).
 A token's row is addressed by its flat row index ``slot * page_size + offset``.
 """
 
@@ -26,9 +28,11 @@ class HotPool:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
-        shape = (num_slots, page_size, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # one allocation (CUDA: exportable to kvtier through one IPC handle), per-layer views
+        self.storage = torch.zeros((num_layers, 2, num_slots, page_size, num_kv_heads, head_dim),
+                                   dtype=dtype, device=device)
+        self.k = [self.storage[layer, 0] for layer in range(num_layers)]
+        self.v = [self.storage[layer, 1] for layer in range(num_layers)]
 
     @property
     def bytes_per_slot(self) -> int:

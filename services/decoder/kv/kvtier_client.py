@@ -259,6 +259,25 @@ class KvtierClient:
         self._call("MarkResumable", pb.MarkResumableRequest(
             decoder_id=self.decoder_id, request_ids=list(request_ids), resumable=resumable))
 
+    def export_hot_pool(self, storage: torch.Tensor) -> None:
+        """CUDA: hands kvtier an IPC handle of the hot pool ``storage: [num_layers, 2, num_slots,
+        page_size, num_kv_heads, head_dim]`` (one contiguous CUDA allocation) for ``write_back``."""
+        if not storage.is_cuda or not storage.is_contiguous():
+            raise ValueError("only a contiguous CUDA hot pool can be exported")
+        (device, handle, size, offset, rc_handle, rc_offset, event, sync) = storage.untyped_storage()._share_cuda_()
+        ipc = pb.CudaIpcHandle(device=device, handle=handle, storage_size_bytes=size, storage_offset_bytes=offset,
+                               ref_counter_handle=rc_handle, ref_counter_offset=rc_offset, event_handle=event,
+                               event_sync_required=sync)
+        self._call("ExportHotPool", pb.ExportHotPoolRequest(decoder_id=self.decoder_id, ipc=ipc,
+                                                            shape=list(storage.shape)))
+
+    def write_back(self, items: Iterable[tuple[str, int, int]]) -> int:
+        """kvtier copies ``(request_id, logical page, hot slot)`` from the exported hot pool into
+        the pages' host pages (every layer); returns the number of pages."""
+        response = self._call("WriteBack", pb.WriteBackRequest(decoder_id=self.decoder_id, items=[
+            pb.WriteBackItem(request_id=rid, page_index=page, slot=slot) for rid, page, slot in items]))
+        return response.num_pages
+
     def lookup(self, request_ids: Iterable[str], claim: bool = False) -> dict[str, RequestPages]:
         """Pages and state of the requests (NOT_FOUND if one is unknown); ``claim`` takes them over."""
         response = self._call("Lookup", pb.LookupRequest(
