@@ -80,3 +80,21 @@ def test_registry_sees_heartbeats_until_they_expire(redis_server):
     beat.beat()
     beat.deregister()
     assert asyncio.run(read()) == []
+
+
+def test_heartbeat_keeps_per_request_residency_summaries_and_removes_gone_ones(redis_server):
+    keys = Keys("residencytest")
+    client = redis_server.client()
+    summaries = {"a": {"mode": "sparse", "num_hot_pages": 7, "num_host_pages": 40, "num_committed_pages": 38},
+                 "b": {"mode": "full", "num_hot_pages": 3, "num_host_pages": 3, "num_committed_pages": 2}}
+    stats = LoopStats(residency_summaries=summaries)
+    beat = Heartbeat(client, DecoderIdentity("d1", "h:5", "m", 4, 1), lambda: stats, interval_s=10, ttl_s=5, keys=keys)
+    beat.beat()
+    got = {k.decode(): v.decode() for k, v in client.hgetall(keys.residency("a")).items()}
+    assert (got["mode"], got["num_hot_pages"], got["num_host_pages"], got["decoder_id"]) == ("sparse", "7", "40", "d1")
+    assert 0 < client.pttl(keys.residency("a")) <= 5000
+    stats.residency_summaries = {"b": summaries["b"]}  # a finished
+    beat.beat()
+    assert not client.exists(keys.residency("a")) and client.exists(keys.residency("b"))
+    beat.deregister()  # clean shutdown: nothing of this decoder's requests is left
+    assert not client.exists(keys.residency("b"))

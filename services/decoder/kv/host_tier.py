@@ -13,20 +13,28 @@ comes back by ``fetch`` (host -> hot) instead of recomputing its written-back pa
 
 from __future__ import annotations
 
+import logging
+import time
+
+import grpc
 import torch
 
 from kernels import gather_pages
 from services.decoder.kv.hot_pool import HotPool
-from services.decoder.kv.kvtier_client import KvLayout, KvtierClient
+from services.decoder.kv.kvtier_client import KvLayout, KvtierClient, KvtierClientError
+
+log = logging.getLogger(__name__)
 
 
 class HostTier:
-    def __init__(self, client: KvtierClient, pool: HotPool, resumable: bool = False):
+    def __init__(self, client: KvtierClient, pool: HotPool, resumable: bool = False, retry_s: float = 60.0):
         if KvLayout.of_hot_pool(pool) != client.layout:
             raise ValueError("the kvtier client's layout does not match the hot pool")
         self.client = client
         self.pool = pool
         self.resumable = resumable  # mark every request resumable: its pages outlive this decoder
+        self.retry_s = retry_s  # how long a step waits for a restarting kvtier before failing
+        self.num_kvtier_retries = 0
         client.attach()
         # on CUDA kvtier drives write-back from the exported hot pool (CUDA IPC); the decoder
         # reads the host pool zero-copy for fetches (cudaHostRegister)
@@ -54,7 +62,8 @@ class HostTier:
         }
         if not (allocations or self._pending_commits or self._pending_frees):
             return
-        outcome = self.client.step(commits=self._pending_commits, frees=self._pending_frees, allocations=allocations)
+        outcome = self._riding_out_restarts(lambda: self.client.step(
+            commits=self._pending_commits, frees=self._pending_frees, allocations=allocations))
         self.num_step_calls += 1
         self._pending_commits = {}
         self._pending_frees = []
@@ -62,7 +71,34 @@ class HostTier:
         for rid, ids in outcome.allocated.items():
             self.host_pages.setdefault(rid, []).extend(ids)
         if self.resumable and new_ids:
-            self.client.mark_resumable(new_ids)  # one call for the step's new requests
+            self._riding_out_restarts(lambda: self.client.mark_resumable(new_ids))  # one call per step
+
+    def _riding_out_restarts(self, call):
+        """Runs a kvtier call; while kvtier is down (UNAVAILABLE) or restarted without this
+        decoder's lease (NOT_FOUND), waits with backoff and re-attaches (the restarted kvtier
+        re-attaches to the surviving segment; pages and commits are in its Redis page table),
+        for at most ``retry_s`` seconds. Calls are all-or-nothing, so a retry repeats nothing."""
+        deadline = time.monotonic() + self.retry_s
+        delay_s = 0.05
+        while True:
+            try:
+                return call()
+            except KvtierClientError as exc:
+                if exc.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND) \
+                        or time.monotonic() + delay_s > deadline:
+                    raise
+                if exc.code == grpc.StatusCode.NOT_FOUND and "lease" not in exc.detail:
+                    raise  # an unknown request is a real error, not a restart
+                log.warning("kvtier unavailable (%s); retrying in %.2f s", exc.code.name, delay_s)
+                self.num_kvtier_retries += 1
+                time.sleep(delay_s)
+                delay_s = min(delay_s * 2, 1.0)
+                try:
+                    self.client.attach()  # new lease after a restart; same mapping if same segment
+                    if self.kvtier_driven:
+                        self.client.export_hot_pool(self.pool.storage)
+                except KvtierClientError:
+                    pass  # still down: the next round tries again
 
     def write_back(self, sealed: list[tuple[str, int, int]]) -> None:
         """After acceptance: ``sealed`` = (request, logical page, hot slot) of pages whose rows
@@ -70,7 +106,7 @@ class HostTier:
         if not sealed:
             return
         if self.kvtier_driven:
-            self.client.write_back(sealed)  # kvtier copies from the exported CUDA hot pool
+            self._riding_out_restarts(lambda: self.client.write_back(sealed))  # kvtier copies from the GPU
         else:
             self._copy_to_host(sealed)
         self.num_written_pages += len(sealed)

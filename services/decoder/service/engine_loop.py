@@ -106,6 +106,8 @@ class LoopStats:
     num_steps: int = 0
     draining: bool = False
     residency_mode_counts: dict[str, int] = field(default_factory=dict)
+    # request id -> {mode, num_hot_pages, num_host_pages, num_committed_pages} of live requests
+    residency_summaries: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass
@@ -192,7 +194,8 @@ class EngineLoop:
 
     def stats(self) -> LoopStats:
         with self._stats_lock:
-            return dataclasses.replace(self._stats, residency_mode_counts=dict(self._stats.residency_mode_counts))
+            return dataclasses.replace(self._stats, residency_mode_counts=dict(self._stats.residency_mode_counts),
+                                       residency_summaries=dict(self._stats.residency_summaries))
 
     # ---- loop thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -301,5 +304,11 @@ class EngineLoop:
             self._stats.num_running = len(scheduler.running)
             self._stats.num_waiting = len(scheduler.waiting)
             self._stats.num_free_slots = self.engine.allocator.num_free_slots
-            modes = [r.mode.value for r in scheduler.running + list(scheduler.waiting)]
+            live = scheduler.running + list(scheduler.waiting)
+            modes = [r.mode.value for r in live]
             self._stats.residency_mode_counts = {"full": modes.count("full"), "sparse": modes.count("sparse")}
+            self._stats.residency_summaries = {
+                r.request_id: {"mode": r.mode.value,
+                               "num_hot_pages": sum(1 for s in r.slots if s >= 0) + (len(r.buffer.slots) if r.buffer else 0),
+                               "num_host_pages": len(r.slots), "num_committed_pages": r.num_host_pages}
+                for r in live}

@@ -1,7 +1,9 @@
 """Registers a decoder in Redis and keeps its heartbeat fresh so gateways can route to it.
 
 Each beat writes one hash (load, free slots, running/waiting counts, residency mode counts,
-draining flag: ``heartbeat_fields``) under ``Keys.decoder_heartbeat`` with a TTL of ``ttl_s``; a decoder that
+draining flag: ``heartbeat_fields``) under ``Keys.decoder_heartbeat`` with a TTL of ``ttl_s``, and
+each live request's residency summary under ``Keys.residency`` (same TTL; removed at the first beat
+after the request is gone, and by ``deregister``); a decoder that
 stops beating disappears from gateways' view once the key expires. ``deregister`` removes it at
 once (clean shutdown).
 """
@@ -68,17 +70,28 @@ class Heartbeat:
         self.ttl_ms = int(ttl_s * 1000)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._summarised: set[str] = set()  # requests whose residency summary this decoder wrote
 
     def beat(self) -> dict:
         """Writes one heartbeat now. Mutates: the heartbeat key and the decoders set in Redis."""
-        fields = heartbeat_fields(self.identity, self.stats())
+        stats = self.stats()
+        fields = heartbeat_fields(self.identity, stats)
         key = self.keys.decoder_heartbeat(self.identity.decoder_id)
         pipe = self.client.pipeline()
         pipe.sadd(self.keys.decoders(), self.identity.decoder_id)
         pipe.delete(key)  # fields of a mode that is gone must not linger
         pipe.hset(key, mapping=fields)
         pipe.pexpire(key, self.ttl_ms)
+        # per-request residency summaries: live ones refreshed (same TTL), gone ones removed now
+        now = time.time()
+        for request_id, summary in stats.residency_summaries.items():
+            rkey = self.keys.residency(request_id)
+            pipe.hset(rkey, mapping={**summary, "decoder_id": self.identity.decoder_id, "updated_unix_s": now})
+            pipe.pexpire(rkey, self.ttl_ms)
+        for request_id in self._summarised - stats.residency_summaries.keys():
+            pipe.delete(self.keys.residency(request_id))
         pipe.execute()
+        self._summarised = set(stats.residency_summaries)
         return fields
 
     def start(self) -> Heartbeat:
@@ -104,8 +117,11 @@ class Heartbeat:
                 log.warning("deregister failed: %s", exc)
 
     def deregister(self) -> None:
-        """Removes this decoder from the registry. Mutates: both Redis keys."""
+        """Removes this decoder from the registry and its requests' residency summaries."""
         pipe = self.client.pipeline()
         pipe.srem(self.keys.decoders(), self.identity.decoder_id)
         pipe.delete(self.keys.decoder_heartbeat(self.identity.decoder_id))
+        for request_id in self._summarised:
+            pipe.delete(self.keys.residency(request_id))
         pipe.execute()
+        self._summarised = set()
