@@ -111,6 +111,18 @@ def test_eight_concurrent_clients(client, reference):
     assert answers == expected
 
 
+def test_finished_requests_leave_no_redis_key(stack, client):
+    """The decoder publishes live requests' state and residency in Redis; a finished request's
+    keys are gone by the next heartbeat (1 s)."""
+    client.completions.create(model=MODEL, prompt="Hello", max_tokens=4, temperature=0)
+    redis = stack.redis.client()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (list(redis.scan_iter(match="*:req:*"))
+                                           or list(redis.scan_iter(match="*:residency:*"))):
+        time.sleep(0.2)
+    assert list(redis.scan_iter(match="*:req:*")) == [] and list(redis.scan_iter(match="*:residency:*")) == []
+
+
 def _error_of(exc_info) -> dict:
     body = exc_info.value.response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}

@@ -82,19 +82,26 @@ def test_registry_sees_heartbeats_until_they_expire(redis_server):
     assert asyncio.run(read()) == []
 
 
-def test_heartbeat_keeps_per_request_residency_summaries_and_removes_gone_ones(redis_server):
+def test_heartbeat_keeps_live_request_state_and_residency_and_removes_gone_ones(redis_server):
     keys = Keys("residencytest")
     client = redis_server.client()
-    summaries = {"a": {"mode": "sparse", "num_hot_pages": 7, "num_host_pages": 40, "num_committed_pages": 38},
-                 "b": {"mode": "full", "num_hot_pages": 3, "num_host_pages": 3, "num_committed_pages": 2}}
-    stats = LoopStats(residency_summaries=summaries)
+    base = {"state": "running", "num_prompt_tokens": 640, "num_output_tokens": 5}
+    summaries = {"a": {**base, "mode": "sparse", "num_hot_pages": 7, "num_host_pages": 40, "num_committed_pages": 38},
+                 "b": {**base, "mode": "full", "num_hot_pages": 3, "num_host_pages": 3, "num_committed_pages": 2}}
+    stats = LoopStats(request_summaries=summaries)
     beat = Heartbeat(client, DecoderIdentity("d1", "h:5", "m", 4, 1), lambda: stats, interval_s=10, ttl_s=5, keys=keys)
     beat.beat()
-    got = {k.decode(): v.decode() for k, v in client.hgetall(keys.residency("a")).items()}
-    assert (got["mode"], got["num_hot_pages"], got["num_host_pages"], got["decoder_id"]) == ("sparse", "7", "40", "d1")
-    assert 0 < client.pttl(keys.residency("a")) <= 5000
-    stats.residency_summaries = {"b": summaries["b"]}  # a finished
+
+    def hash_of(key):
+        return {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+
+    res, req = hash_of(keys.residency("a")), hash_of(keys.request("a"))
+    assert (res["mode"], res["num_hot_pages"], res["num_host_pages"], res["decoder_id"]) == ("sparse", "7", "40", "d1")
+    assert (req["state"], req["owner_decoder"], req["num_prompt_tokens"]) == ("running", "d1", "640")
+    assert client.smembers(keys.requests()) == {b"a", b"b"}
+    assert 0 < client.pttl(keys.residency("a")) <= 5000 and 0 < client.pttl(keys.request("a")) <= 5000
+    stats.request_summaries = {"b": summaries["b"]}  # a finished
     beat.beat()
-    assert not client.exists(keys.residency("a")) and client.exists(keys.residency("b"))
-    beat.deregister()  # clean shutdown: nothing of this decoder's requests is left
-    assert not client.exists(keys.residency("b"))
+    assert not client.exists(keys.residency("a"), keys.request("a")) and client.smembers(keys.requests()) == {b"b"}
+    beat.deregister()  # clean shutdown: no key of any of its requests is left
+    assert not client.exists(keys.residency("b"), keys.request("b"), keys.requests())

@@ -106,8 +106,9 @@ class LoopStats:
     num_steps: int = 0
     draining: bool = False
     residency_mode_counts: dict[str, int] = field(default_factory=dict)
-    # request id -> {mode, num_hot_pages, num_host_pages, num_committed_pages} of live requests
-    residency_summaries: dict[str, dict] = field(default_factory=dict)
+    # live requests: id -> {state, num_prompt_tokens, num_output_tokens} and residency
+    # {mode, num_hot_pages, num_host_pages, num_committed_pages} (published to Redis by the heartbeat)
+    request_summaries: dict[str, dict] = field(default_factory=dict)
 
 
 @dataclass
@@ -195,7 +196,7 @@ class EngineLoop:
     def stats(self) -> LoopStats:
         with self._stats_lock:
             return dataclasses.replace(self._stats, residency_mode_counts=dict(self._stats.residency_mode_counts),
-                                       residency_summaries=dict(self._stats.residency_summaries))
+                                       request_summaries=dict(self._stats.request_summaries))
 
     # ---- loop thread ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -307,8 +308,9 @@ class EngineLoop:
             live = scheduler.running + list(scheduler.waiting)
             modes = [r.mode.value for r in live]
             self._stats.residency_mode_counts = {"full": modes.count("full"), "sparse": modes.count("sparse")}
-            self._stats.residency_summaries = {
-                r.request_id: {"mode": r.mode.value,
+            self._stats.request_summaries = {
+                r.request_id: {"state": r.status.value, "num_prompt_tokens": r.num_prompt_tokens,
+                               "num_output_tokens": len(r.output_ids), "mode": r.mode.value,
                                "num_hot_pages": sum(1 for s in r.slots if s >= 0) + (len(r.buffer.slots) if r.buffer else 0),
                                "num_host_pages": len(r.slots), "num_committed_pages": r.num_host_pages}
                 for r in live}

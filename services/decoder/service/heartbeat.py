@@ -2,8 +2,9 @@
 
 Each beat writes one hash (load, free slots, running/waiting counts, residency mode counts,
 draining flag: ``heartbeat_fields``) under ``Keys.decoder_heartbeat`` with a TTL of ``ttl_s``, and
-each live request's residency summary under ``Keys.residency`` (same TTL; removed at the first beat
-after the request is gone, and by ``deregister``); a decoder that
+each live request's state (``Keys.request``, listed in ``Keys.requests``) and residency summary
+(``Keys.residency``), same TTL, removed at the first beat after the request is gone and by
+``deregister``; a decoder that
 stops beating disappears from gateways' view once the key expires. ``deregister`` removes it at
 once (clean shutdown).
 """
@@ -82,17 +83,27 @@ class Heartbeat:
         pipe.delete(key)  # fields of a mode that is gone must not linger
         pipe.hset(key, mapping=fields)
         pipe.pexpire(key, self.ttl_ms)
-        # per-request residency summaries: live ones refreshed (same TTL), gone ones removed now
+        # live requests' state and residency summary: refreshed (same TTL); gone ones removed now
         now = time.time()
-        for request_id, summary in stats.residency_summaries.items():
-            rkey = self.keys.residency(request_id)
-            pipe.hset(rkey, mapping={**summary, "decoder_id": self.identity.decoder_id, "updated_unix_s": now})
-            pipe.pexpire(rkey, self.ttl_ms)
-        for request_id in self._summarised - stats.residency_summaries.keys():
-            pipe.delete(self.keys.residency(request_id))
+        live = stats.request_summaries
+        for request_id, summary in live.items():
+            state = {k: summary[k] for k in ("state", "num_prompt_tokens", "num_output_tokens")}
+            residency = {k: summary[k] for k in ("mode", "num_hot_pages", "num_host_pages", "num_committed_pages")}
+            for key, mapping in ((self.keys.request(request_id), {**state, "owner_decoder": self.identity.decoder_id}),
+                                 (self.keys.residency(request_id), {**residency, "decoder_id": self.identity.decoder_id})):
+                pipe.hset(key, mapping={**mapping, "updated_unix_s": now})
+                pipe.pexpire(key, self.ttl_ms)
+        if live:
+            pipe.sadd(self.keys.requests(), *live)
+        self._forget(pipe, self._summarised - live.keys())
         pipe.execute()
-        self._summarised = set(stats.residency_summaries)
+        self._summarised = set(live)
         return fields
+
+    def _forget(self, pipe, request_ids) -> None:
+        for request_id in request_ids:
+            pipe.delete(self.keys.request(request_id), self.keys.residency(request_id))
+            pipe.srem(self.keys.requests(), request_id)
 
     def start(self) -> Heartbeat:
         self.beat()
@@ -121,7 +132,6 @@ class Heartbeat:
         pipe = self.client.pipeline()
         pipe.srem(self.keys.decoders(), self.identity.decoder_id)
         pipe.delete(self.keys.decoder_heartbeat(self.identity.decoder_id))
-        for request_id in self._summarised:
-            pipe.delete(self.keys.residency(request_id))
+        self._forget(pipe, self._summarised)
         pipe.execute()
         self._summarised = set()
