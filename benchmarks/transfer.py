@@ -2,7 +2,7 @@
 against a plain memcpy of the same bytes into the same segment, measured in one run.
 
 - write-back: sealed pages, hot pool -> their host pages (every layer, K and V), as
-  ``HostTier.write_back`` does it (``gather_pages`` per layer);
+  ``HostTier.write_back`` does it (``kv/page_copy.py``: on CPU one strided copy per page);
 - fetch: host pages -> hot slots, as a swap-in does it;
 - memcpy: one contiguous ``copy_`` of the same number of bytes into / out of the segment.
 Pages are scattered (random slots and host ids), as in a running engine. Layout: the default
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from benchmarks.machine import machine_info, results_dir, write_json
-from kernels import gather_pages
+from services.decoder.kv import page_copy
 from services.decoder.kv.hot_pool import HotPool
 from services.kvtier.host_pool import HostPool, HostPoolLayout
 
@@ -42,22 +42,16 @@ def _measure(host: HostPool, layout: HostPoolLayout, args: argparse.Namespace) -
     raw = torch.from_numpy(np.frombuffer(host._mapped(), dtype=np.uint8))
     pool = raw.view(torch.float32).view(args.host_pages, 30, 2, 16, 3, 64)
     hot = HotPool(30, args.pages * 2, 16, 3, 64)
-    for layer in range(30):
-        hot.k[layer].normal_()
-        hot.v[layer].normal_()
+    hot.storage.normal_()
     gen = torch.Generator().manual_seed(0)
-    slots = torch.randperm(args.pages * 2, generator=gen)[: args.pages]
-    host_ids = torch.randperm(args.host_pages, generator=gen)[: args.pages]
+    slots = torch.randperm(args.pages * 2, generator=gen)[: args.pages].tolist()
+    host_ids = torch.randperm(args.host_pages, generator=gen)[: args.pages].tolist()
 
-    def write_back():
-        for layer in range(30):
-            gather_pages(hot.k[layer], pool[:, layer, 0], slots, host_ids, check_indices=False)
-            gather_pages(hot.v[layer], pool[:, layer, 1], slots, host_ids, check_indices=False)
+    def write_back():  # as HostTier.write_back does it
+        page_copy.to_host(hot.storage, pool, slots, host_ids)
 
-    def fetch():
-        for layer in range(30):
-            gather_pages(pool[:, layer, 0], hot.k[layer], host_ids, slots, check_indices=False)
-            gather_pages(pool[:, layer, 1], hot.v[layer], host_ids, slots, check_indices=False)
+    def fetch():  # as HostTier.fetch (a swap-in) does it
+        page_copy.from_host(pool, hot.storage, host_ids, slots)
 
     num_bytes = args.pages * layout.host_page_bytes
     contiguous = torch.empty(num_bytes // 4, dtype=torch.float32).normal_()

@@ -1,5 +1,6 @@
 """On CUDA: the decoder registers the mapped host pool with the driver, and gather_pages moves
-pages between it and a device hot pool zero-copy. Skipped without a GPU."""
+pages between it and a device hot pool zero-copy; kvtier drives write-back from an exported hot
+pool. The CUDA cases are skipped without a GPU."""
 
 import pytest
 import torch
@@ -62,3 +63,27 @@ def test_kvtier_drives_write_back_from_an_exported_cuda_hot_pool(kvtier_process)
     tier.flush()
     client.detach()  # kvtier drops the imported pool before the exporting process ends
     client.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_whole_page_copies_round_trip_byte_exact(kvtier_process, device):
+    """``kv/page_copy``: hot pool -> host pages -> other hot slots, every layer, K and V (CPU:
+    per-page strided copies; CUDA: gather_pages from/to the registered host pool)."""
+    from services.decoder.kv import page_copy
+    from services.decoder.kv.hot_pool import HotPool
+
+    kv = kvtier_process()
+    with KvtierClient(kv.address, "d0", "m", LAYOUT) as client:
+        client.attach()
+        if device == "cuda":
+            client.host_pool.register_with_cuda()
+        ids = client.allocate({"r1": 3})["r1"]
+        hot = HotPool(LAYOUT.num_layers, 6, LAYOUT.page_size, LAYOUT.num_kv_heads, LAYOUT.head_dim, device=device)
+        hot.storage.normal_()
+        page_copy.to_host(hot.storage, client.host_pool.pool, [5, 0, 3], ids)
+        page_copy.from_host(client.host_pool.pool, hot.storage, ids, [1, 2, 4])
+        if device == "cuda":
+            torch.cuda.synchronize()
+        for src, dst, host_id in zip([5, 0, 3], [1, 2, 4], ids):
+            assert torch.equal(hot.storage[:, :, dst], hot.storage[:, :, src])
+            assert torch.equal(client.host_pool.pool[host_id], hot.storage[:, :, src].cpu())

@@ -19,7 +19,7 @@ import time
 import grpc
 import torch
 
-from kernels import gather_pages
+from services.decoder.kv import page_copy
 from services.decoder.kv.hot_pool import HotPool
 from services.decoder.kv.kvtier_client import KvLayout, KvtierClient, KvtierClientError
 
@@ -116,24 +116,15 @@ class HostTier:
             self._pending_commits[rid] = done
 
     def _copy_to_host(self, sealed: list[tuple[str, int, int]]) -> None:
-        slots = torch.tensor([slot for _, _, slot in sealed], dtype=torch.int64)
-        host_ids = torch.tensor([self.host_pages[rid][page] for rid, page, _ in sealed], dtype=torch.int64)
-        for layer in range(self.pool.num_layers):
-            host_k, host_v = self.client.host_pages(layer)
-            gather_pages(self.pool.k[layer], host_k, slots, host_ids, check_indices=False)
-            gather_pages(self.pool.v[layer], host_v, slots, host_ids, check_indices=False)
+        page_copy.to_host(self.pool.storage, self.client.host_pool.pool, [slot for _, _, slot in sealed],
+                          [self.host_pages[rid][page] for rid, page, _ in sealed])
 
     def fetch(self, request_id: str, pages: list[int], slots: list[int]) -> None:
         """Copies the request's host pages of logical ``pages`` into hot ``slots`` (every layer)."""
         if not pages:
             return
         table = self.host_pages[request_id]
-        host_ids = torch.tensor([table[p] for p in pages], dtype=torch.int64)
-        dst = torch.tensor(slots, dtype=torch.int64)
-        for layer in range(self.pool.num_layers):
-            host_k, host_v = self.client.host_pages(layer)
-            gather_pages(host_k, self.pool.k[layer], host_ids, dst, check_indices=False)
-            gather_pages(host_v, self.pool.v[layer], host_ids, dst, check_indices=False)
+        page_copy.from_host(self.client.host_pool.pool, self.pool.storage, [table[p] for p in pages], list(slots))
         self.num_fetched_pages += len(pages)
 
     def claim(self, request_id: str):
