@@ -70,14 +70,26 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "transfer": "benchmarks.transfer",
     "residency": "benchmarks.residency",
     "gpu_kernels": "benchmarks.gpu_kernels",
+    "report": "benchmarks.report",
 }
+ALL_ON_CPU = ("decode", "context_sweep", "sparse_quality", "spec", "serve", "transfer", "residency",
+              "h200_projection", "report")  # `bench all`: every CPU benchmark, then report.md
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
 
     rest = [a for a in args.rest if a != "--"]
-    return importlib.import_module(BENCHMARKS[args.which]).main(rest)
+    if args.which != "all":
+        return importlib.import_module(BENCHMARKS[args.which]).main(rest)
+    failed = []
+    for name in ALL_ON_CPU:  # each writes its JSON/PNG into results/<date>-<machine>/
+        print(f"== bench {name}", flush=True)
+        if importlib.import_module(BENCHMARKS[name]).main([]) != 0:
+            failed.append(name)
+    if failed:
+        print(f"benchmarks that failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def _cmd_kvtier(args: argparse.Namespace) -> int:
@@ -135,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_cmd_generate)
 
     bench = sub.add_parser("bench", help="run a benchmark (writes JSON under results/)")
-    bench.add_argument("which", choices=sorted(BENCHMARKS))
+    bench.add_argument("which", choices=sorted(BENCHMARKS) + ["all"])
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     bench.set_defaults(func=_cmd_bench)
 

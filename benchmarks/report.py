@@ -1,0 +1,153 @@
+"""``report.md`` for one results folder: the headline table of every benchmark JSON found there.
+
+    python -m benchmarks.report [--dir results/<date>-<machine>] [--gpu-dir results/<date>-h200]
+
+One row per headline figure: what is compared, our figure, the baseline measured in the same run
+(transformers, dense attention, always-full, no speculation, memcpy, the in-process engine), the
+ratio, the target and pass/fail. A benchmark whose JSON is missing is listed as not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from benchmarks.machine import results_dir
+
+Row = tuple[str, str, float | None, float | None, float | None, str, bool | None]  # name, unit, ours, base, ratio, target, pass
+
+
+def _decode(d: dict) -> Iterator[Row]:
+    ours, peer, ratios = d["ours"], d["transformers"], d["ratios"]
+    for key, label in (("batch1_prompt128_tokens_per_s", "decode batch 1, 128-token prompt"),
+                       ("batch1_prompt2000_tokens_per_s", "decode batch 1, 2,000-token prompt"),
+                       ("concurrent8_aggregate_decode_tokens_per_s", "decode 8 concurrent (aggregate)")):
+        yield (f"{label} vs transformers", "tok/s", ours[key], peer[key], ratios[key],
+               ">= 2x (batch 1)" if "batch1" in key else "", ratios[key] >= 2 if "batch1" in key else None)
+    yield ("8 concurrent vs our batch 1", "x", None, None, ratios["concurrent8_vs_our_batch1"], ">= 4x",
+           ratios["concurrent8_vs_our_batch1"] >= 4)
+    yield ("batch 1 vs the weight-bandwidth bound", "tok/s", ours["batch1_prompt128_tokens_per_s"],
+           d["bandwidth_bound_tokens_per_s"], ratios["batch1_prompt128_fraction_of_bandwidth_bound"], "", None)
+
+
+def _context_sweep(d: dict) -> Iterator[Row]:
+    for r in d["rows"]:
+        ctx = r["context_len"]
+        target = {1024: ">= 0.95x", 32768: ">= 3x"}.get(ctx, "")
+        ok = {1024: r["sparse_vs_dense"] >= 0.95, 32768: r["sparse_vs_dense"] >= 3}.get(ctx)
+        note = " (beyond trained context)" if r.get("beyond_trained_context") else ""
+        yield (f"sparse vs dense decode at {ctx} tokens{note}", "tok/s", r["sparse_tokens_per_s"],
+               r["dense_tokens_per_s"], r["sparse_vs_dense"], target, ok)
+
+
+def _sparse_quality(d: dict) -> Iterator[Row]:
+    t = d["targets"]
+    ppl = t["ppl_increase_at_2048_on_8k"]
+    yield ("perplexity increase, 2048-token budget, 8K docs", "fraction", ppl["value"], None, None,
+           f"<= {ppl['limit']}", ppl["pass"])
+    for budget in ("1024", "2048"):
+        p = t[f"passkey_{budget}_matches_dense"]
+        yield (f"passkey at {budget}-token budget matches dense ({p['dense_correct_cases']}/{p['cases']} dense-correct)",
+               "", None, None, None, "equal to dense", p["pass"])
+
+
+def _spec(d: dict) -> Iterator[Row]:
+    for r in d["rows"]:
+        if r["spec"] == "none":
+            continue
+        budget = r.get("verify_budget", "fixed")
+        target = ">= 1.5x" if r["kind"] == "code_edit" and r["concurrency"] == 1 else ""
+        yield (f"speculation {r['spec']} k={r['spec_tokens']} {budget}, {r['kind']} c={r['concurrency']} vs none",
+               "tok/s", r["tokens_per_s"], r["tokens_per_s"] / r["speedup_vs_none"], r["speedup_vs_none"], target,
+               r["speedup_vs_none"] >= 1.5 if target else None)
+
+
+def _transfer(d: dict) -> Iterator[Row]:
+    g = d["gib_per_s"]
+    for name, base in (("write_back", "memcpy_to_shm"), ("fetch", "memcpy_from_shm")):
+        ratio = d["ratios"][f"{name}_vs_memcpy"]
+        yield (f"page {name.replace('_', '-')} vs memcpy (CPU, shm)", "GiB/s", g[name], g[base], ratio, ">= 0.70",
+               ratio >= 0.7)
+
+
+def _residency(d: dict) -> Iterator[Row]:
+    t = d["targets"]
+    for conc, ratio in t["adaptive_vs_full_at_low_load"].items():
+        yield (f"adaptive vs always-full at concurrency {conc}", "tok/s", None, None, ratio, ">= 0.97x", ratio >= 0.97)
+    ratio = t["adaptive_vs_sparse_at_high_load"]
+    yield ("adaptive vs always-sparse at the highest concurrency", "tok/s", None, None, ratio, ">= 1x", ratio >= 1)
+    yield ("always-full admission wall (most running at once)", "requests", t["full_admission_wall"], None, None,
+           "visible", t["full_admission_wall"] < max(d["settings"]["concurrency"]))
+
+
+def _serve(d: dict) -> Iterator[Row]:
+    ratio = d["gateway_overhead_ratio"]
+    yield ("full stack vs in-process engine, concurrency 8", "tok/s", d["stack"].get("output_tokens_per_s"),
+           d["in_process"]["output_tokens_per_s"], ratio, ">= 0.95x", ratio >= 0.95)
+
+
+def _gpu_kernels(d: dict) -> Iterator[Row]:
+    for r in d["attention"]:
+        yield (f"H200 sparse vs SDPA dense decode attention, {r['context_tokens']} tokens x {r['batch']}", "ms",
+               r["sparse_ms"], r["sdpa_dense_ms"], r["sparse_vs_sdpa_speedup"], "", None)
+    t = d.get("transfer") or {}
+    for name in ("write_back", "fetch"):
+        if f"{name}_vs_memcpy" in t:
+            ratio = t[f"{name}_vs_memcpy"]
+            yield (f"H200 page {name.replace('_', '-')} vs memcpy (registered shm)", "GiB/s", t[f"{name}_gib_per_s"],
+                   None, ratio, ">= 0.70", ratio >= 0.7)
+
+
+SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
+    "decode": ("decode.json", _decode),
+    "context_sweep": ("context_sweep.json", _context_sweep),
+    "sparse_quality": ("sparse_quality.json", _sparse_quality),
+    "spec": ("spec.json", _spec),
+    "verify budget": ("verify_budget/spec.json", _spec),
+    "transfer": ("transfer.json", _transfer),
+    "residency": ("residency.json", _residency),
+    "serve": ("serve-short_chat.json", _serve),
+}
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def build(results: Path, gpu: Path | None = None) -> str:
+    """The report's markdown for ``results`` (and GPU JSONs in ``gpu``, if given)."""
+    lines = [f"# Benchmark report: `{results}`", "",
+             "| benchmark | figure | unit | ours | baseline (same run) | ratio | target | pass |",
+             "|---|---|---|---|---|---|---|---|"]
+    sources = [(name, results / file, fn) for name, (file, fn) in SOURCES.items()]
+    if gpu is not None:
+        sources.append(("gpu kernels", gpu / "gpu_kernels.json", _gpu_kernels))
+    for name, path, fn in sources:
+        if not path.is_file():
+            lines.append(f"| {name} | not run (no `{path.name}`) | | | | | | |")
+            continue
+        for figure, unit, ours, base, ratio, target, ok in fn(json.loads(path.read_text())):
+            verdict = "" if ok is None else ("PASS" if ok else "FAIL")
+            lines.append(f"| {name} | {figure} | {unit} | {_cell(ours)} | {_cell(base)} | {_cell(ratio)} | "
+                         f"{target} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--dir", type=Path, default=None, help="results folder (default: today's for this machine)")
+    parser.add_argument("--gpu-dir", type=Path, default=None, help="a folder with gpu_kernels.json from an H200 run")
+    args = parser.parse_args(argv)
+    results = args.dir or results_dir()
+    text = build(results, args.gpu_dir)
+    (results / "report.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
