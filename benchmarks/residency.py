@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(docs) < max(args.concurrency):
         parser.error(f"only {len(docs)} stdlib documents have {args.prompt_tokens} tokens")
     host_pages = max(args.concurrency) * -(-(args.prompt_tokens + args.max_tokens) // 16) + 64
+    # SIGTERM unwinds like Ctrl-C, so the `finally` blocks stop kvtier and Redis (no stray process or segment)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
     with tempfile.TemporaryDirectory(prefix="dhs-bench-redis-") as directory:
         redis = RedisServer(directory=directory).start()
