@@ -352,14 +352,14 @@ class Engine:
             self.host_tier.client.close()
             self.host_tier = None
             self.runner.host_tier = None
+            self.runner.attention.host_layer = None
 
     def check_integrity(self) -> bool:
         """Slots held by live requests (pinned pages and SPARSE buffers) plus free slots partition
         the pool exactly; every SPARSE buffer is consistent; digest rows do not leak."""
         self.allocator.check_integrity()
         live = self.scheduler.running + list(self.scheduler.waiting)
-        held = [s for r in live for s in r.slots if s >= 0]
-        held += [s for r in live if r.buffer is not None for s in r.buffer.slots]
+        held = [s for r in live for s in r.hot_slots()]
         assert len(held) == len(set(held)), "a slot is held by two requests"
         assert set(held).isdisjoint(self.allocator.free_slot_order()), "a held slot is also free"
         assert len(held) + self.allocator.num_free_slots == self.allocator.num_slots, "slots leaked"

@@ -41,7 +41,6 @@ class ModelRunner:
         if sparse is not None:
             self.digests = DigestPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype, pool.num_slots)
         self.host_tier: HostTier | None = None  # see attach_host_tier
-        self._sparse_requests: list[Request] = []
         self.attention = PagedAttention(pool, cfg.num_heads, model.scale, sparse, self.digests)
 
     def attach_host_tier(self, host_tier: HostTier) -> None:
@@ -154,8 +153,7 @@ class ModelRunner:
             requests = [scheds[row].request for row in sparse_rows]
             sparse = SparseStep(sparse_rows, [r.buffer for r in requests],
                                 [self.host_tier.host_pages[r.request_id] for r in requests], self.pool,
-                                self.host_tier.client.host_pages)
-            self._sparse_requests = requests
+                                self.host_tier.client.host_pages, owners=requests)
         return PageListTokens(
             token_rows=torch.arange(token_start, token_start + len(token_req), dtype=torch.int64),
             token_req=torch.tensor(token_req, dtype=torch.int64),
@@ -184,10 +182,9 @@ class ModelRunner:
         )  # [len(logit_rows), vocab]
         if meta.page_list is not None and meta.page_list.sparse is not None:
             step = meta.page_list.sparse
-            for request, hits, misses in zip(self._sparse_requests, step.hits, step.misses):
+            for request, hits, misses in zip(step.owners, step.hits, step.misses):
                 request.stats.num_buffer_hits += hits
                 request.stats.num_buffer_misses += misses
-            self._sparse_requests = []
         if not samplers:
             return {}
         greedy_ids = torch.argmax(logits, dim=-1).tolist()

@@ -111,6 +111,11 @@ class Request:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
 
+    def hot_slots(self) -> list[int]:
+        """Every hot-pool slot the request holds: its pinned pages' and (SPARSE) its buffer's."""
+        pinned = [slot for slot in self.slots if slot >= 0]
+        return pinned + self.buffer.slots if self.buffer is not None else pinned
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)

@@ -63,8 +63,8 @@ class ResidencyController:
         return max(request.num_computed_tokens // self.settings.page_size - self.settings.recent_pages + 1, 0)
 
     def _releasable(self, request: Request) -> list[int]:
-        """Pinned pages a SPARSE request need not keep: sealed, written back, not sink, older
-        than the next token's recent window."""
+        """Pinned pages the request need not keep hot: sealed, written back, not sink, older
+        than the next token's recent window (for a FULL request: what demotion releases)."""
         end = min(self._recent_start(request), request.num_host_pages, len(request.slots))
         return [p for p in range(self.settings.sink_pages, end) if request.slots[p] >= 0]
 
@@ -143,10 +143,7 @@ class ResidencyController:
 
     def release(self, request: Request) -> None:
         """Frees every slot the request holds (pinned and buffer)."""
-        held = [slot for slot in request.slots if slot >= 0]
-        if request.buffer is not None:
-            held += request.buffer.slots
-        self.allocator.free(held)
+        self.allocator.free(request.hot_slots())
         request.slots = []
         request.buffer = None
         request.mode = Residency.FULL
@@ -161,7 +158,7 @@ class ResidencyController:
         best, best_gain = None, 0
         for request in running:
             if request.mode is Residency.FULL:
-                gain = len(self._releasable_full(request)) - self.settings.buffer_pages
+                gain = len(self._releasable(request)) - self.settings.buffer_pages
                 if gain > best_gain:
                     best, best_gain = request, gain
         if best is None:
@@ -169,12 +166,8 @@ class ResidencyController:
         self._demote(best)
         return True
 
-    def _releasable_full(self, request: Request) -> list[int]:
-        end = min(self._recent_start(request), request.num_host_pages, len(request.slots))
-        return list(range(self.settings.sink_pages, end))
-
     def _demote(self, request: Request) -> None:
-        release = self._releasable_full(request)
+        release = self._releasable(request)
         freed = [request.slots[p] for p in release]
         buffer_slots, surplus = freed[: self.settings.buffer_pages], freed[self.settings.buffer_pages :]
         for p in release:

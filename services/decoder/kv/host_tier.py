@@ -6,7 +6,8 @@ Per engine step, one ``Step`` RPC, sent before the forward, carries:
   - commits: pages sealed (and copied to the host) during the previous step;
   - frees: requests that finished during the previous step.
 After the forward and acceptance, the pages sealed in this step are copied from the hot pool
-straight into their host pages in shared memory (``gather_pages``); their commit rides on the
+straight into their host pages in shared memory (``kv/page_copy.py``; on CUDA kvtier drives it
+from the exported hot pool); their commit rides on the
 next step's call. A clean page can then leave the hot pool at no cost: a preempted request
 comes back by ``fetch`` (host -> hot) instead of recomputing its written-back pages.
 """

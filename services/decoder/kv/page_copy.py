@@ -18,25 +18,28 @@ from kernels import gather_pages
 
 def to_host(storage: torch.Tensor, host: torch.Tensor, slots: list[int], host_ids: list[int]) -> None:
     """Copies hot ``slots`` into host pages ``host_ids`` (same length)."""
-    if storage.is_cuda:
-        src = torch.tensor(slots, dtype=torch.int64, device=storage.device)
-        dst = torch.tensor(host_ids, dtype=torch.int64, device=storage.device)
-        for layer in range(storage.shape[0]):
-            for kv in (0, 1):
-                gather_pages(storage[layer, kv], host[:, layer, kv], src, dst, check_indices=False)
-        return
-    for slot, host_id in zip(slots, host_ids):
-        host[host_id].copy_(storage[:, :, slot])
+    _copy(storage, host, slots, host_ids, to_host=True)
 
 
 def from_host(host: torch.Tensor, storage: torch.Tensor, host_ids: list[int], slots: list[int]) -> None:
     """Copies host pages ``host_ids`` into hot ``slots`` (same length)."""
+    _copy(storage, host, slots, host_ids, to_host=False)
+
+
+def _copy(storage: torch.Tensor, host: torch.Tensor, slots: list[int], host_ids: list[int], to_host: bool) -> None:
     if storage.is_cuda:
-        src = torch.tensor(host_ids, dtype=torch.int64, device=storage.device)
-        dst = torch.tensor(slots, dtype=torch.int64, device=storage.device)
+        hot_idx = torch.tensor(slots, dtype=torch.int64, device=storage.device)
+        host_idx = torch.tensor(host_ids, dtype=torch.int64, device=storage.device)
         for layer in range(storage.shape[0]):
             for kv in (0, 1):
-                gather_pages(host[:, layer, kv], storage[layer, kv], src, dst, check_indices=False)
+                hot_layer, host_layer = storage[layer, kv], host[:, layer, kv]
+                if to_host:
+                    gather_pages(hot_layer, host_layer, hot_idx, host_idx, check_indices=False)
+                else:
+                    gather_pages(host_layer, hot_layer, host_idx, hot_idx, check_indices=False)
         return
-    for host_id, slot in zip(host_ids, slots):
-        storage[:, :, slot].copy_(host[host_id])
+    for slot, host_id in zip(slots, host_ids):
+        if to_host:
+            host[host_id].copy_(storage[:, :, slot])
+        else:
+            storage[:, :, slot].copy_(host[host_id])

@@ -25,11 +25,13 @@ def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 
 class SparseStep:
     """``rows[b]``: the page-table row of SPARSE request b among the step's page-list rows;
-    ``buffers[b]`` its buffer; ``host_pages[b]``: its host page id per logical page."""
+    ``buffers[b]`` its buffer; ``host_pages[b]``: its host page id per logical page; ``owners[b]``:
+    whatever the caller uses to credit ``hits[b]`` / ``misses[b]`` after the forward."""
 
     def __init__(self, rows: list[int], buffers: list[SparseBuffer], host_pages: list[list[int]],
-                 pool: HotPool, host_layer: HostLayer):
+                 pool: HotPool, host_layer: HostLayer, owners: list | None = None):
         self.rows = torch.tensor(rows, dtype=torch.int64)
+        self.owners = owners if owners is not None else [None] * len(buffers)
         self.buffers = buffers
         self.host_tables = _pad_rows([torch.tensor(ids, dtype=torch.int64) for ids in host_pages],
                                      max((len(ids) for ids in host_pages), default=0))

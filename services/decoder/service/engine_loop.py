@@ -55,9 +55,8 @@ def residency_stats(request, bytes_per_page: int, num_layers: int) -> dict:
     """The request's KV residency: mode, hot pages held (pinned + SPARSE buffer), buffer hits and
     misses (summed over layers), bytes copied host -> hot and hot -> host so far."""
     stats = request.stats
-    hot = sum(1 for slot in request.slots if slot >= 0) + (len(request.buffer.slots) if request.buffer else 0)
     fetched = stats.num_buffer_misses * (bytes_per_page // num_layers) + stats.num_swapped_in_pages * bytes_per_page
-    return {"mode": request.mode.value, "num_hot_pages": hot, "num_hot_hits": stats.num_buffer_hits,
+    return {"mode": request.mode.value, "num_hot_pages": len(request.hot_slots()), "num_hot_hits": stats.num_buffer_hits,
             "num_hot_misses": stats.num_buffer_misses, "num_bytes_fetched": fetched,
             "num_bytes_written": request.num_host_pages * bytes_per_page}
 
@@ -311,6 +310,6 @@ class EngineLoop:
             self._stats.request_summaries = {
                 r.request_id: {"state": r.status.value, "num_prompt_tokens": r.num_prompt_tokens,
                                "num_output_tokens": len(r.output_ids), "mode": r.mode.value,
-                               "num_hot_pages": sum(1 for s in r.slots if s >= 0) + (len(r.buffer.slots) if r.buffer else 0),
+                               "num_hot_pages": len(r.hot_slots()),
                                "num_host_pages": len(r.slots), "num_committed_pages": r.num_host_pages}
                 for r in live}
