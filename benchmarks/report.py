@@ -58,10 +58,19 @@ def _spec(d: dict) -> Iterator[Row]:
         if r["spec"] == "none":
             continue
         budget = r.get("verify_budget", "fixed")
-        target = ">= 1.5x" if r["kind"] == "code_edit" and r["concurrency"] == 1 else ""
-        yield (f"speculation {r['spec']} k={r['spec_tokens']} {budget}, {r['kind']} c={r['concurrency']} vs none",
-               "tok/s", r["tokens_per_s"], r["tokens_per_s"] / r["speedup_vs_none"], r["speedup_vs_none"], target,
-               r["speedup_vs_none"] >= 1.5 if target else None)
+        where = f"{r['kind']} c={r['concurrency']}" + (", sparse" if r.get("attention") == "sparse" else "")
+        learned = r["spec"] in ("dflash", "dspark")
+        target, ok = "", None
+        if r["spec"] == "ngram" and r["kind"] == "code_edit" and r["concurrency"] == 1:
+            target, ok = ">= 1.5x", r["speedup_vs_none"] >= 1.5
+        elif learned and r["kind"] == "chat" and r["concurrency"] == 1:
+            target, ok = "> 1x", r["speedup_vs_none"] > 1.0
+        yield (f"speculation {r['spec']} k={r['spec_tokens']} {budget}, {where} vs none",
+               "tok/s", r["tokens_per_s"], r["tokens_per_s"] / r["speedup_vs_none"], r["speedup_vs_none"], target, ok)
+        if learned and r["kind"] == "chat" and r["spec_tokens"] == 7:
+            length = r["mean_acceptance_length"]
+            yield (f"{r['spec']} mean acceptance length, block 8, {where}", "tokens/verify", length, None, None,
+                   ">= 2.0", length >= 2.0)
 
 
 def _transfer(d: dict) -> Iterator[Row]:
@@ -106,6 +115,7 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "sparse_quality": ("sparse_quality.json", _sparse_quality),
     "spec": ("spec.json", _spec),
     "verify budget": ("verify_budget/spec.json", _spec),
+    "drafters": ("spec_drafters.json", _spec),
     "transfer": ("transfer.json", _transfer),
     "residency": ("residency.json", _residency),
     "serve": ("serve-short_chat.json", _serve),

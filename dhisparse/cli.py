@@ -35,6 +35,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         "spec": args.spec,
         "spec_tokens": args.spec_tokens,
         "verify_budget": args.verify_budget,
+        "draft_model": args.draft_model,
     }
     if args.threads:
         fields["num_threads"] = args.threads
@@ -139,9 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k-tokens", type=int, default=2048, help="sparse top-k budget (rounded up to pages)")
     gen.add_argument("--sink-pages", type=int, default=1)
     gen.add_argument("--recent-pages", type=int, default=4)
-    gen.add_argument("--spec", default="none", choices=["none", "ngram"], help="speculative decoding drafter")
+    gen.add_argument("--spec", default="none", choices=["none", "ngram", "dflash", "dspark"],
+                     help="speculative decoding drafter")
+    gen.add_argument("--draft-model", default=None,
+                     help="dflash/dspark checkpoint directory (default: the one shipped for SmolLM2-135M-Instruct)")
     gen.add_argument("--spec-tokens", type=int, default=4, help="draft tokens verified per step")
-    gen.add_argument("--verify-budget", default="fixed", choices=["fixed", "adaptive"],
+    gen.add_argument("--verify-budget", "--spec-budget", default="fixed", choices=["fixed", "adaptive"],
                      help="adaptive: per-request draft length from acceptance vs profiled step costs")
     gen.add_argument("--json", action="store_true", help="print one JSON object")
     gen.set_defaults(func=_cmd_generate)
@@ -162,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
         service = sub.add_parser(name, help=help_text, add_help=False)
         service.add_argument("rest", nargs=argparse.REMAINDER)
         service.set_defaults(func=_cmd_service, service=name)
+    from dhisparse.train_cli import add_parser as add_train_drafter_parser
+
+    add_train_drafter_parser(sub)
     return parser
 
 

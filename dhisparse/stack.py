@@ -4,7 +4,8 @@ Starts an embedded Redis (unix socket), kvtier (when ``services.kvtier`` is runn
 decoder and the gateway; waits until each answers its health check; prints the URL and a curl
 example; on Ctrl-C / SIGTERM stops them in reverse order (the decoder drains first), stops
 Redis and removes kvtier's shared-memory segment if it is left behind. ``LocalStack`` is the same
-thing as a class (the serving tests start it once per session).
+thing as a class (the serving tests start it once per session). The internal gRPC ports (kvtier,
+decoder) require a random token made per start and handed to every service in its environment.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -52,6 +54,13 @@ class StackOptions:
     decoder_args: list[str] = field(default_factory=list)  # extra flags for the decoder
     gateway_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every process
+    # the internal gRPC token every service checks and sends; None = a fresh random one per start
+    internal_token: str | None = None
+    # TLS on the internal gRPC ports: kvtier and the decoder serve with this PEM cert and key; the
+    # decoder and the gateway verify against the CA (the cert must name the host, e.g. IP:127.0.0.1)
+    internal_tls_cert: Path | None = None
+    internal_tls_key: Path | None = None
+    internal_tls_ca: Path | None = None
     startup_timeout_s: float = 120.0
 
 
@@ -66,7 +75,29 @@ class LocalStack:
         self.workdir = Path(self.options.workdir or tempfile.mkdtemp(prefix="dhisparse-up-"))
         self.redis: RedisServer | None = None
         self.processes: dict[str, subprocess.Popen] = {}
+        self._args: dict[str, list[str]] = {}  # service -> its command line (for respawn)
         self.run_kvtier = kvtier_available() if self.options.kvtier is None else self.options.kvtier
+        self.internal_token = self.options.internal_token or secrets.token_urlsafe(32)
+
+    @property
+    def security(self):
+        """The internal token of this stack's gRPC ports: ``stack.security.channel(address)``."""
+        from pydantic import SecretStr
+
+        from services.rpc.auth import InternalSecurity
+
+        return InternalSecurity(SecretStr(self.internal_token), tls_ca=self.options.internal_tls_ca)
+
+    def _internal_env(self) -> dict[str, str]:
+        """Each service's DHISPARSE_<SERVICE>_INTERNAL_* variables: the token, and the TLS files."""
+        o = self.options
+        env = {f"DHISPARSE_{s}_INTERNAL_TOKEN": self.internal_token for s in ("KVTIER", "DECODER", "GATEWAY")}
+        for services, name, path in ((("KVTIER", "DECODER"), "CERT", o.internal_tls_cert),
+                                     (("KVTIER", "DECODER"), "KEY", o.internal_tls_key),
+                                     (("DECODER", "GATEWAY"), "CA", o.internal_tls_ca)):
+            if path is not None:
+                env.update({f"DHISPARSE_{s}_INTERNAL_TLS_{name}": str(Path(path).resolve()) for s in services})
+        return env
 
     # ---- addresses ------------------------------------------------------------------------------
     @property
@@ -85,7 +116,8 @@ class LocalStack:
     def start(self, log=print) -> LocalStack:
         o = self.options
         try:
-            self.redis = RedisServer(directory=self.workdir / "redis").start()
+            # persistent: kvtier's page table survives a restart of Redis itself
+            self.redis = RedisServer(directory=self.workdir / "redis", persist=True).start()
             log(f"redis    {self.redis.url}")
             if self.run_kvtier:
                 self._spawn("kvtier", ["-m", "services.kvtier", "--host", o.host, "--port", str(o.kvtier_port),
@@ -105,7 +137,7 @@ class LocalStack:
                                     *tier, *o.decoder_args])
             from services.decoder.service.server import probe
 
-            self._wait("decoder", lambda: probe(self.decoder_address, timeout_s=1.0))
+            self._wait("decoder", lambda: probe(self.decoder_address, timeout_s=1.0, security=self.security))
             log(f"decoder  {self.decoder_address}")
             keys = [a for k in o.api_keys for a in ("--api-key", k)]
             self._spawn("gateway", ["-m", "services.gateway", "--host", o.host, "--port", str(o.gateway_port),
@@ -117,13 +149,22 @@ class LocalStack:
             raise
         return self
 
-    def _spawn(self, name: str, args: list[str]) -> None:
-        log_file = open(self.workdir / f"{name}.log", "wb")
-        env = {**os.environ, **self.options.env}
+    def _spawn(self, name: str, args: list[str], log_mode: str = "wb") -> None:
+        self._args[name] = args
+        log_file = open(self.workdir / f"{name}.log", log_mode)
+        env = {**os.environ, **self._internal_env(), **self.options.env}
         # Own session: Ctrl-C reaches only this launcher, which stops the services in order.
         self.processes[name] = subprocess.Popen([sys.executable, *args], stdout=log_file, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         log_file.close()
+
+    def respawn(self, name: str) -> subprocess.Popen:
+        """Starts service ``name`` again with its first command line, after it died (fault tests);
+        its log goes on in the same file. Does not wait for it to be ready."""
+        if self.processes[name].poll() is None:
+            raise StackError(f"{name} is still running")
+        self._spawn(name, self._args[name], log_mode="ab")
+        return self.processes[name]
 
     def _wait(self, name: str, ready) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_s
@@ -201,6 +242,9 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
     parser.add_argument("--attention", choices=["dense", "sparse"], help="decoder attention (default: dense)")
     parser.add_argument("--residency", choices=["adaptive", "always-sparse", "always-full"],
                         help="decoder hot-tier policy (default: adaptive with kvtier and sparse attention)")
+    parser.add_argument("--internal-tls-cert", type=Path, help="PEM cert: kvtier and decoder serve gRPC over TLS")
+    parser.add_argument("--internal-tls-key", type=Path, help="PEM private key of --internal-tls-cert")
+    parser.add_argument("--internal-tls-ca", type=Path, help="PEM CA the decoder and gateway verify servers with")
     args = parser.parse_args(argv)
     decoder_args = ["--model", args.model] if args.model else []
     for flag in ("attention", "residency"):
@@ -209,7 +253,8 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
     options = StackOptions(host=args.host, gateway_port=args.port, decoder_port=args.decoder_port,
                            kvtier_port=args.kvtier_port, kvtier=False if args.no_kvtier else None,
                            kvtier_pool_gib=args.kvtier_pool_gib, workdir=args.workdir, api_keys=args.api_key,
-                           decoder_args=decoder_args)
+                           decoder_args=decoder_args, internal_tls_cert=args.internal_tls_cert,
+                           internal_tls_key=args.internal_tls_key, internal_tls_ca=args.internal_tls_ca)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

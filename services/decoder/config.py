@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,7 +31,10 @@ class DecoderConfig(BaseSettings):
     top_k_tokens: int = Field(2048, ge=0, description="sparse top-k budget in tokens, rounded up to pages")
     sink_pages: int = Field(1, ge=0)
     recent_pages: int = Field(4, ge=1, description="recent window in pages, including the unsealed tail")
-    spec: Literal["none", "ngram"] = Field("none", description="speculative decoding drafter")
+    spec: Literal["none", "ngram", "dflash", "dspark"] = Field("none", description="speculative decoding drafter")
+    draft_model: str | None = Field(
+        None, description="dflash/dspark checkpoint directory (config.json + model.safetensors); None = the shipped one"
+    )
     spec_tokens: int = Field(4, ge=1, le=64, description="draft tokens verified per step")
     verify_budget: Literal["fixed", "adaptive"] = Field(
         "fixed", description="adaptive: per-request draft length from acceptance vs profiled step and fetch costs"
@@ -67,6 +71,12 @@ class DecoderConfig(BaseSettings):
     max_num_waiting: int = Field(64, gt=0, description="queued requests beyond this get RESOURCE_EXHAUSTED")
     drain_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM: time to finish in-flight requests")
     grpc_max_workers: int = Field(64, gt=0, description="gRPC threads (each open stream holds one)")
+    # Internal gRPC security (services/rpc/auth.py): the one token of every internal service, checked
+    # on this decoder's port and sent to kvtier; TLS on the port with a cert and key, to kvtier with a CA.
+    internal_token: SecretStr | None = Field(None, description="shared internal gRPC token; None = no check")
+    internal_tls_cert: Path | None = Field(None, description="PEM certificate: serve gRPC over TLS (with the key)")
+    internal_tls_key: Path | None = Field(None, description="PEM private key of internal_tls_cert")
+    internal_tls_ca: Path | None = Field(None, description="PEM CA: dial kvtier over TLS, verified against it")
 
     @model_validator(mode="after")
     def _check_spec_with_sparse(self) -> DecoderConfig:

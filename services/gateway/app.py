@@ -18,6 +18,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.routes import api, api_error_handler, ops
 from services.gateway.routing import DecoderRegistry
 from services.metadata.keys import Keys
+from services.rpc.auth import InternalSecurity
 
 
 class _RequestMetricsMiddleware:
@@ -55,7 +56,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         redis_client = aioredis.Redis.from_url(config.redis_url)
     registry = DecoderRegistry(redis_client, config.decoder_addresses, config.registry_refresh_s,
                                Keys(config.namespace))
-    client = DecoderClient(registry, config.max_decoder_attempts, config.retry_after_s)
+    client = DecoderClient(registry, config.max_decoder_attempts, config.retry_after_s,
+                           security=InternalSecurity.of(config))
     metrics = GatewayMetrics(registry)
 
     @asynccontextmanager

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -26,3 +28,6 @@ class GatewayConfig(BaseSettings):
     retry_after_s: int = Field(1, ge=0, description="Retry-After of a 429 when every decoder is saturated")
     max_decoder_attempts: int = Field(3, gt=0, description="decoders tried when one refuses (queue full, draining)")
     log_level: str = "info"
+    # Internal gRPC security towards the decoders (services/rpc/auth.py)
+    internal_token: SecretStr | None = Field(None, description="shared internal gRPC token sent to decoders")
+    internal_tls_ca: Path | None = Field(None, description="PEM CA: dial decoders over TLS, verified against it")

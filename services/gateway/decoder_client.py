@@ -17,6 +17,7 @@ from services.gateway.errors import APIError, invalid_request, no_decoder, satur
 from services.gateway.routing import DecoderRegistry, DecoderView, choose_decoder
 from services.rpc import decoder_pb2 as pb
 from services.rpc import decoder_pb2_grpc as pb_grpc
+from services.rpc.auth import InternalSecurity
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,9 @@ class DecoderStream:
 
 
 class DecoderClient:
-    def __init__(self, registry: DecoderRegistry, max_attempts: int = 3, retry_after_s: int = 1):
+    def __init__(self, registry: DecoderRegistry, max_attempts: int = 3, retry_after_s: int = 1,
+                 security: InternalSecurity | None = None):
+        self.security = security or InternalSecurity()  # the decoders' internal token / TLS
         self.registry = registry
         self.max_attempts = max_attempts
         self.retry_after_s = retry_after_s
@@ -74,7 +77,7 @@ class DecoderClient:
 
     def stub(self, address: str) -> pb_grpc.DecoderStub:
         if address not in self._stubs:
-            self._channels[address] = grpc.aio.insecure_channel(address)
+            self._channels[address] = self.security.aio_channel(address)
             self._stubs[address] = pb_grpc.DecoderStub(self._channels[address])
         return self._stubs[address]
 

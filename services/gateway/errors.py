@@ -42,6 +42,12 @@ def no_decoder() -> APIError:
                     "no_decoder_available")
 
 
+def registry_unavailable(reason: str) -> APIError:
+    """Redis (the decoder registry) does not answer: nothing can be routed until it is back."""
+    return APIError(503, f"The decoder registry is unavailable ({reason}); retry later.", "service_unavailable",
+                    None, "registry_unavailable", {"Retry-After": "1"})
+
+
 def saturated(retry_after_s: int) -> APIError:
     return APIError(429, "Every decoder is at capacity; retry later.", "rate_limit_exceeded", None,
                     "server_overloaded", {"Retry-After": str(retry_after_s)})

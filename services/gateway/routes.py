@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from fastapi import APIRouter, Depends, Request
@@ -68,7 +69,8 @@ async def health(request: Request) -> Response:
 
 @ops.get("/metrics", response_class=PlainTextResponse, responses=openapi.METRICS_RESPONSES)
 async def metrics(request: Request) -> Response:
-    await request.app.state.registry.decoders()  # refresh the per-decoder gauges
+    with contextlib.suppress(APIError):  # Redis down: the per-decoder gauges keep their last read
+        await request.app.state.registry.decoders()  # refresh the per-decoder gauges
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

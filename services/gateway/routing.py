@@ -9,7 +9,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from services.gateway.errors import APIError, no_decoder, saturated
+import redis
+
+from services.gateway.errors import (
+    APIError,
+    no_decoder,
+    registry_unavailable,
+    saturated,
+)
 from services.metadata.keys import Keys
 
 
@@ -87,6 +94,12 @@ class DecoderRegistry:
             return self.static
         if time.monotonic() - self._cached_at < self.refresh_s:
             return self._cached
+        try:
+            return await self._read()
+        except (redis.RedisError, OSError) as exc:  # Redis down or restarting: 503 until it is back
+            raise registry_unavailable(type(exc).__name__) from exc
+
+    async def _read(self) -> list[DecoderView]:
         ids = sorted(_str(m) for m in await self.redis.smembers(self.keys.decoders()))
         views = []
         if ids:

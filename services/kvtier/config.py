@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.metadata.keys import check_name
@@ -34,6 +34,10 @@ class KvtierConfig(BaseSettings):
     model_id: str = Field("", description="model whose pages the pool holds; empty = bound by the first attach")
     lease_ttl_s: float = Field(10.0, gt=0, description="a decoder silent this long loses its non-resumable pages")
     reap_interval_s: float | None = Field(None, gt=0, description="lease check period; None = lease_ttl_s / 4")
+    # Internal gRPC security (services/rpc/auth.py): every call must carry the token; TLS with a cert and key.
+    internal_token: SecretStr | None = Field(None, description="shared internal gRPC token; None = no check")
+    internal_tls_cert: Path | None = Field(None, description="PEM certificate: serve gRPC over TLS (with the key)")
+    internal_tls_key: Path | None = Field(None, description="PEM private key of internal_tls_cert")
 
     @field_validator("instance", "namespace")
     @classmethod

@@ -9,6 +9,7 @@ import threading
 from concurrent import futures
 
 import grpc
+import redis
 
 from services.kvtier.config import KvtierConfig
 from services.kvtier.messages import (
@@ -23,6 +24,7 @@ from services.kvtier.service import KvtierService
 from services.metadata.redis_server import RedisServer
 from services.rpc import kvtier_pb2 as pb
 from services.rpc import kvtier_pb2_grpc as pb_grpc
+from services.rpc.auth import InternalSecurity
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,11 @@ def _translating(method):
             return method(self, request, context)
         except KvtierError as exc:
             context.abort(getattr(grpc.StatusCode, exc.code), exc.detail)
+        except redis.RedisError as exc:
+            # every call persists before it applies in memory, so a failed write changed nothing;
+            # UNAVAILABLE tells decoders to retry (they ride out a Redis restart like a kvtier one)
+            log.warning("%s: Redis unavailable: %s", method.__name__, exc)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"kvtier's Redis is unavailable: {type(exc).__name__}")
 
     wrapper.__name__ = method.__name__
     return wrapper
@@ -163,15 +170,16 @@ class KvtierServicer(pb_grpc.KvtierServicer):
 def serve(config: KvtierConfig) -> int:
     """Runs kvtier until SIGTERM/SIGINT, then shuts down cleanly (segment and Redis keys removed).
     Prints one line ``kvtier ready <instance> <host>:<port> <segment>`` on stdout once serving."""
+    security = InternalSecurity.of(config)  # first: bad TLS files fail before anything is created
     if config.redis_url:
         redis_server = RedisServer(url=config.redis_url).start()
     else:
         redis_server = RedisServer(directory=config.resolved_redis_dir, persist=True).start()
     client = redis_server.client()
     service = KvtierService(config, client)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server = security.make_server(futures.ThreadPoolExecutor(max_workers=8))
     pb_grpc.add_KvtierServicer_to_server(KvtierServicer(service), server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = security.add_port(server, f"{config.host}:{config.port}")
     if port == 0:
         service.shutdown(remove=service.pool.created)
         raise RuntimeError(f"cannot listen on {config.host}:{config.port}")
@@ -186,7 +194,10 @@ def serve(config: KvtierConfig) -> int:
     state = "re-attached" if service.recovered else "created"
     print(f"kvtier ready {config.instance} {config.host}:{port} {service.pool.segment_name} {state}", flush=True)
     while not stop.wait(config.resolved_reap_interval_s):
-        service.reap_expired()
+        try:
+            service.reap_expired()
+        except redis.RedisError as exc:  # Redis restarting: reap on a later round
+            log.warning("lease reaping postponed: Redis unavailable: %s", exc)
     server.stop(grace=2.0).wait()
     service.shutdown(remove=True)
     client.close()

@@ -4,7 +4,7 @@ State: the host pool segment, the host page allocator, the page table and the de
 Every public method holds one lock, validates its whole input first and raises ``KvtierError``
 (nothing changed) on bad input; then it persists to Redis and applies in memory.
 Ownership: each request belongs to the decoder that allocated it (or claimed it in ``lookup``);
-only the owner may allocate, commit, free or mark it.
+only the owner may allocate, commit, free, mark or look it up (learn its host page ids).
 """
 
 from __future__ import annotations
@@ -236,27 +236,35 @@ class KvtierService:
             self.page_table.apply(PageTableUpdate(resumable={rid: resumable for rid in request_ids}))
 
     def lookup(self, decoder_id: str, request_ids: Iterable[str], claim: bool = False) -> list[RequestPagesInfo]:
-        """The requests' pages (logical order) and state. With ``claim`` the caller becomes their
-        owner: refused (FAILED_PRECONDITION) for a request that another decoder with a live lease
-        owns. Claiming needs a lease (attach first)."""
+        """The caller's requests' pages (logical order) and state; needs a lease (attach first).
+        Without ``claim`` every request must be the caller's: another decoder's page ids are never
+        handed out (FAILED_PRECONDITION). With ``claim`` the caller becomes their owner: allowed
+        for its own requests, and for another decoder's only when that request is resumable and its
+        owner holds no live lease (FAILED_PRECONDITION otherwise)."""
         request_ids = list(request_ids)
-        if claim:
-            _check_id("decoder_id", decoder_id)
         _check_distinct("lookup", request_ids)
+        _check_id("decoder_id", decoder_id)
         with self._lock:
+            self._require_lease(decoder_id)
             entries = []
             for rid in request_ids:
                 entry = self.page_table.get(rid)
                 if entry is None:
                     raise KvtierError(NOT_FOUND, f"request {rid!r} has no host pages")
                 entries.append(entry)
+            for e in entries:
+                if e.owner == decoder_id:
+                    continue
+                if not claim:
+                    raise KvtierError(FAILED_PRECONDITION, f"request {e.request_id!r} is owned by decoder {e.owner!r}")
+                if self.leases.is_live(e.owner):
+                    raise KvtierError(
+                        FAILED_PRECONDITION, f"request {e.request_id!r} is owned by live decoder {e.owner!r}"
+                    )
+                if not e.resumable:
+                    raise KvtierError(FAILED_PRECONDITION, f"request {e.request_id!r} of decoder {e.owner!r} is "
+                                                           "not resumable: only its owner may claim it")
             if claim:
-                self._require_lease(decoder_id)
-                for e in entries:
-                    if e.owner != decoder_id and self.leases.is_live(e.owner):
-                        raise KvtierError(
-                            FAILED_PRECONDITION, f"request {e.request_id!r} is owned by live decoder {e.owner!r}"
-                        )
                 changed = {e.request_id: decoder_id for e in entries if e.owner != decoder_id}
                 if changed:
                     self.page_table.apply(PageTableUpdate(owners=changed))

@@ -13,7 +13,7 @@ from dhisparse.stack import free_port
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.rpc import decoder_pb2_grpc as pb_grpc
-from tests.kvtier.conftest import kvtier_process, namespace, redis_server  # noqa: F401 - fixtures
+from tests.kvtier.conftest import kvtier_process, make_service, namespace, redis_server  # noqa: F401 - fixtures
 from tests.serving.test_gateway_app import MODEL, FakeDecoder
 
 __all__ = ["MODEL"]

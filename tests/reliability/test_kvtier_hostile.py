@@ -47,7 +47,8 @@ def kvtier(kvtier_process, redis_server, namespace):
         """Everything a refused call must leave alone (lease expiries aside: calls renew them)."""
         stats = stub.Stats(pb.StatsRequest(check_integrity=True), timeout=5)
         assert stats.integrity_checked and stats.integrity_ok, stats.integrity_detail
-        pages = stub.Lookup(pb.LookupRequest(request_ids=["a1", "a2", "b1"]), timeout=5)
+        pages = [stub.Lookup(pb.LookupRequest(decoder_id=d, request_ids=ids), timeout=5)  # each owner its own
+                 for d, ids in (("A", ["a1", "a2"]), ("B", ["b1"]))]
         keys = {}
         for key in sorted(redis.scan_iter(match=prefix + "*")):
             kind = redis.type(key)
@@ -60,7 +61,8 @@ def kvtier(kvtier_process, redis_server, namespace):
             else:
                 keys[key] = kind
         stats.ClearField("num_live_decoders")  # compared separately where it matters
-        return stats.SerializeToString(deterministic=True), pages.SerializeToString(deterministic=True), keys
+        return (stats.SerializeToString(deterministic=True), [p.SerializeToString(deterministic=True) for p in pages],
+                keys)
 
     yield stub, snapshot, channel
     channel.close()
@@ -123,8 +125,8 @@ def test_decoders_without_a_lease_and_malformed_ids_are_refused(kvtier):
         (step(stub, "A", allocations=[("é", 1)]), C.INVALID_ARGUMENT, "request_id"),
         (step(stub, "A", frees=["a1", "a1"]), C.INVALID_ARGUMENT, "appears twice"),
         (step(stub, "A", frees=["a1"], allocations=[("a1", 1)]), C.INVALID_ARGUMENT, "both freed and allocated"),
-        (lambda: stub.Lookup(pb.LookupRequest(request_ids=["a1", "a1"]), timeout=5), C.INVALID_ARGUMENT,
-         "appears twice"),
+        (lambda: stub.Lookup(pb.LookupRequest(decoder_id="A", request_ids=["a1", "a1"]), timeout=5),
+         C.INVALID_ARGUMENT, "appears twice"),
         (lambda: stub.Attach(pb.AttachRequest(decoder_id="C", model_id="", layout=LAYOUT), timeout=5),
          C.INVALID_ARGUMENT, "model_id"),
         (lambda: stub.Attach(pb.AttachRequest(decoder_id="C", model_id="other", layout=LAYOUT), timeout=5),

@@ -79,12 +79,10 @@ def one_thread():
 @pytest.fixture(scope="session")
 def decoder_stats(stack):
     """A function returning the decoder's Stats (gRPC)."""
-    import grpc
-
     from services.rpc import decoder_pb2 as pb
     from services.rpc import decoder_pb2_grpc as pb_grpc
 
-    channel = grpc.insecure_channel(stack.decoder_address)
+    channel = stack.security.channel(stack.decoder_address)  # the stack's internal token
     stub = pb_grpc.DecoderStub(channel)
     yield lambda: stub.Stats(pb.StatsRequest(), timeout=5)
     channel.close()

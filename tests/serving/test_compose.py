@@ -25,13 +25,18 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
+def interpolated(value: str) -> str:
+    """compose fills ``${NAME...}`` from the shell or .env; here each NAME gets a valid stand-in."""
+    return re.sub(r"\$\{(\w+)[^}]*\}", lambda m: f"stand-in-{m.group(1).lower()}", value)
+
+
 def resolved_config(config_class, environment: dict, monkeypatch):
     prefix = config_class.model_config["env_prefix"]
     for name in list(__import__("os").environ):
         if name.startswith(prefix):
             monkeypatch.delenv(name)
     for name, value in environment.items():
-        monkeypatch.setenv(name, str(value))
+        monkeypatch.setenv(name, interpolated(str(value)))
     return config_class()
 
 

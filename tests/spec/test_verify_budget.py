@@ -7,6 +7,7 @@ from services.decoder.spec.verify_budget import (
     AcceptanceEstimate,
     StepCostTable,
     choose_draft_length,
+    choose_draft_lengths,
     expected_committed,
 )
 
@@ -47,6 +48,22 @@ def test_middle_ground_batch_load_and_fetch_cost_shrink_the_budget():
     assert choose_draft_length([0.8] * 8, 12, knee) == 5
 
 
+def test_lengths_are_chosen_for_the_whole_step():
+    """4 decoding requests, verification free up to 8 batch tokens, then 2.5 ms a token. Each
+    request alone (3 other tokens) would take 4 free drafts; jointly only 4 free slots exist, so
+    every request gets its best position: (4 + 4 x 0.9) / 10 ms beats (4 + 3.6 + 0.81) / 12.5 ms."""
+    knee = StepCostTable((1, 8, 16), (0.010, 0.010, 0.030))
+    assert [choose_draft_length([0.9] * 4, 3, knee)] * 4 == [4, 4, 4, 4]
+    assert choose_draft_lengths([[0.9] * 4] * 4, 4, 4, knee) == [1, 1, 1, 1]
+    # the free slots go to the likeliest positions: 0.95, 0.95^2 = 0.90, 0.95^3 = 0.86, then one 0.85
+    assert choose_draft_lengths([[0.95] * 4, [0.85] * 4, [0.85] * 4, [0.85] * 4], 4, 4, knee) == [3, 1, 0, 0]
+    # when verification costs what it commits, nobody drafts: never worse than no speculation
+    assert choose_draft_lengths([[0.5] * 8] * 3, 3, 3, STEEP) == [0, 0, 0]
+    # a SPARSE request whose positions fetch pages loses its slots to a FULL one
+    mild = StepCostTable((1, 9), (0.010, 0.018))
+    assert choose_draft_lengths([[0.8] * 3, [0.8] * 3], 2, 2, mild, [0.0, 0.004]) == [3, 0]
+
+
 def test_acceptance_estimate_moves_towards_what_it_sees():
     est = AcceptanceEstimate(rate=0.5, weight=0.5)
     est.update(4, 4)
@@ -57,13 +74,25 @@ def test_acceptance_estimate_moves_towards_what_it_sees():
     assert est.rate == pytest.approx(0.375)
 
 
+def test_an_idle_estimate_drifts_back_to_the_prior():
+    est = AcceptanceEstimate(rate=0.3, prior=0.7, drift=0.05)
+    steps = 0
+    while est.rate < 0.5:
+        est.idle()
+        steps += 1
+    assert steps == 14  # 0.7 - 0.4 * 0.95**n >= 0.5  <=>  n >= 13.5
+    for _ in range(1000):
+        est.idle()
+    assert est.rate == pytest.approx(0.7)
+
+
 def test_adaptive_budget_is_lossless_and_profiles_the_engine(loaded_model):
     prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return",
                "List the planets: Mercury, Venus, Earth, Mars. List them again: Mercury,"]
     params = SamplingParams(max_tokens=32, ignore_eos=True)
     plain = LLM(loaded=loaded_model).generate(prompts, params)
     adaptive = LLM(loaded=loaded_model, spec="ngram", spec_tokens=8, verify_budget="adaptive")
-    costs = adaptive.engine.step_costs
+    costs = adaptive.engine.speculator.step_costs
     assert costs is not None and costs.tokens[0] == 1 and len(costs.tokens) >= 5 and min(costs.seconds) > 0
     assert adaptive.engine.allocator.num_free_slots == adaptive.engine.allocator.num_slots  # profile cleaned up
     outs = adaptive.generate(prompts, params)

@@ -18,6 +18,7 @@ from services.decoder.engine.request import Request, RequestStatus, Residency
 from services.decoder.engine.residency_controller import ResidencyController, ResidencySettings
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.engine.scheduler import Scheduler
+from services.decoder.engine.speculation import Speculator, build_drafter
 from services.decoder.engine.step_profile import profile_engine
 from services.decoder.engine.stop_checker import StopChecker
 from services.decoder.kv.host_tier import HostTier
@@ -28,8 +29,7 @@ from services.decoder.model.attention import SparseParams
 from services.decoder.model.llama import LlamaModel
 from services.decoder.model.loader import LoadedModel, load_model
 from services.decoder.model.model_store import resolve_model_path
-from services.decoder.spec.drafter import make_drafter
-from services.decoder.spec.verify_budget import StepCostTable, choose_draft_length
+from services.rpc.auth import InternalSecurity
 
 
 @dataclass
@@ -99,18 +99,17 @@ class Engine:
         self.host_tier: HostTier | None = None
         if self.config.kvtier_address:
             client = KvtierClient(self.config.kvtier_address, self.config.decoder_id, self.config.model_id,
-                                  KvLayout.of_hot_pool(self.pool))
+                                  KvLayout.of_hot_pool(self.pool), security=InternalSecurity.of(self.config))
             self.host_tier = HostTier(client, self.pool, resumable=self.config.resumable_requests)
             self.runner.attach_host_tier(self.host_tier)
-        self.drafter = make_drafter(self.config.spec, **(
-            {"min_n": self.config.ngram_min_n, "max_n": self.config.ngram_max_n} if self.config.spec == "ngram" else {}
-        ))
+        drafter = build_drafter(self.config, self.model)
+        self.speculator = None if drafter is None else Speculator(drafter, self.config.spec_tokens)
+        if drafter is not None:
+            self.runner.capture_layers = drafter.feature_layers
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        self.step_costs: StepCostTable | None = None  # adaptive verify budget only
-        self.fetch_s_per_page_layer = 0.0
-        if self.drafter is not None and self.config.verify_budget == "adaptive":
-            self.step_costs, self.fetch_s_per_page_layer = profile_engine(self)
+        if drafter is not None and self.config.verify_budget == "adaptive":
+            self.speculator.step_costs, self.speculator.fetch_s_per_page_layer = profile_engine(self)
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
@@ -200,7 +199,8 @@ class Engine:
 
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        self._propose_drafts()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         running = self.scheduler.running
         self.controller.relieve(running)  # below the low watermark: demote before scheduling
         batch = self.scheduler.schedule()
@@ -218,7 +218,8 @@ class Engine:
                 sched.request.stats.first_scheduled_s = now
             if sched.num_new_tokens > 1:
                 sched.request.stats.num_prefill_tokens += sched.num_new_tokens
-        committed = self.runner.execute(batch)
+        output = self.runner.execute(batch)
+        committed = output.committed
         events: list[TokenEvent] = []
         sealed: list[tuple[Request, int]] = []  # (request, logical page)
         page_size = self.config.page_size
@@ -238,6 +239,9 @@ class Engine:
                 self._append_token(request, token_id, events)
                 if request.is_finished:
                     break
+            if self.speculator is not None and not request.is_finished:
+                self.speculator.observe(request, old_computed, output.features,
+                                        output.first_row[request.request_id])
             if not request.is_finished:
                 # pages whose last row is committed now; rows of rejected drafts never count
                 sealed.extend((request, page) for page in range(old_computed // page_size,
@@ -291,30 +295,6 @@ class Engine:
                 request.stats.num_swapped_in_pages += len(pages)
                 request.pending_fetch = []
 
-    def _propose_drafts(self) -> None:
-        if self.drafter is None:
-            return
-        running = self.scheduler.running
-        for request in running:
-            room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
-            if request.num_pending_tokens == 1 and room > 0:
-                ids = request.prompt_ids + request.output_ids
-                draft = self.drafter.propose(ids, min(self.config.spec_tokens, room))
-                if draft and self.step_costs is not None:
-                    draft = draft[: self._verify_budget(request, len(draft), other_tokens=len(running) - 1)]
-                request.draft_ids = draft
-
-    def _verify_budget(self, request: Request, max_len: int, other_tokens: int) -> int:
-        """Adaptive verify budget (``spec/verify_budget.py``): the request's running acceptance
-        rate as per-position confidence, the profiled step costs, and for a SPARSE request the
-        host fetches its larger working set costs (its measured misses per query token)."""
-        fetch_s = 0.0
-        if request.mode is Residency.SPARSE:
-            misses_per_token = request.stats.num_buffer_misses / max(len(request.output_ids), 1)
-            fetch_s = misses_per_token * self.fetch_s_per_page_layer
-        confidences = [request.acceptance.rate] * max_len
-        return choose_draft_length(confidences, other_tokens, self.step_costs, fetch_s)
-
     def _append_token(self, request: Request, token_id: int, events: list[TokenEvent]) -> None:
         request.output_ids.append(token_id)
         if request.stats.first_token_s is None:
@@ -329,6 +309,8 @@ class Engine:
 
     def _finish(self, request: Request, reason: str) -> None:
         self.scheduler.remove(request)
+        if self.speculator is not None:
+            self.speculator.release(request)
         self.runner.release_digest_rows(request)
         if self.host_tier is not None:
             self.host_tier.release(request.request_id)

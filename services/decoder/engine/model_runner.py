@@ -10,6 +10,8 @@ draft rows never reach them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from services.decoder.engine.request import Request, Residency
@@ -30,9 +32,19 @@ from services.decoder.model.sampler import sample_next
 from services.decoder.spec.verify import accept_greedy, accept_sampled
 
 
+@dataclass
+class StepOutput:
+    committed: dict[str, list[int]] = field(default_factory=dict)  # request id -> committed tokens
+    # with ``capture_layers``: ``[num_tokens, len(capture_layers) * hidden]`` and each request's
+    # first row in it (its rows are consecutive, in position order)
+    features: torch.Tensor | None = None
+    first_row: dict[str, int] = field(default_factory=dict)
+
+
 class ModelRunner:
     def __init__(self, model: LlamaModel, pool: HotPool, sparse: SparseParams | None = None):
         self.model = model
+        self.capture_layers: tuple[int, ...] = ()  # a drafter's feature layers (``StepOutput.features``)
         self.pool = pool
         self.page_size = pool.page_size
         self.sparse = sparse
@@ -163,32 +175,37 @@ class ModelRunner:
             sparse=sparse,
         )
 
-    def execute(self, batch: list[ScheduledRequest]) -> dict[str, list[int]]:
-        """Runs one forward over ``batch``; returns ``{request_id: committed tokens}`` for every
-        request that reached the end of its tokens (one sampled token, or accepted draft tokens
-        plus one). Does not mutate request bookkeeping."""
+    def execute(self, batch: list[ScheduledRequest]) -> StepOutput:
+        """Runs one forward over ``batch``; returns the committed tokens of every request that
+        reached the end of its tokens (one sampled token, or accepted draft tokens plus one) and
+        the captured features. Does not mutate request bookkeeping."""
         self.ensure_digest_rows(batch)
         input_ids, meta, ordered = self.build_inputs(batch)
         logit_rows: list[int] = []
         samplers: list[ScheduledRequest] = []
+        out = StepOutput()
         offset = 0
         for sched in ordered:
+            out.first_row[sched.request.request_id] = offset
             offset += sched.num_query_tokens
             if sched.samples:
                 logit_rows.extend(range(offset - 1 - len(sched.draft), offset))
                 samplers.append(sched)
         logits = self.model.forward(
-            input_ids, meta, self.attention, logit_rows=torch.tensor(logit_rows, dtype=torch.int64)
+            input_ids, meta, self.attention, logit_rows=torch.tensor(logit_rows, dtype=torch.int64),
+            capture_layers=self.capture_layers,
         )  # [len(logit_rows), vocab]
+        if self.capture_layers:
+            logits, out.features = logits
         if meta.page_list is not None and meta.page_list.sparse is not None:
             step = meta.page_list.sparse
             for request, hits, misses in zip(step.owners, step.hits, step.misses):
                 request.stats.num_buffer_hits += hits
                 request.stats.num_buffer_misses += misses
         if not samplers:
-            return {}
+            return out
         greedy_ids = torch.argmax(logits, dim=-1).tolist()
-        committed: dict[str, list[int]] = {}
+        committed = out.committed
         row = 0
         for sched in samplers:
             request, draft = sched.request, sched.draft
@@ -205,7 +222,7 @@ class ModelRunner:
                 committed[request.request_id] = [
                     sample_next(logits[rows.start], params.temperature, params.top_k, params.top_p, request.generator)
                 ]
-        return committed
+        return out
 
     def seal_from_host(self, request: Request, host_page_ids: list[int]) -> None:
         """Digests (every layer) the request's leading pages straight from their host pages:

@@ -31,6 +31,7 @@ import torch
 
 from services.rpc import kvtier_pb2 as pb
 from services.rpc import kvtier_pb2_grpc as pb_grpc
+from services.rpc.auth import InternalSecurity
 
 log = logging.getLogger(__name__)
 
@@ -147,13 +148,14 @@ class HostPoolView:
 
 
 class KvtierClient:
-    def __init__(self, address: str, decoder_id: str, model_id: str, layout: KvLayout, timeout_s: float = 10.0):
+    def __init__(self, address: str, decoder_id: str, model_id: str, layout: KvLayout, timeout_s: float = 10.0,
+                 security: InternalSecurity | None = None):
         self.address = address
         self.decoder_id = decoder_id
         self.model_id = model_id
         self.layout = layout
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self._channel = (security or InternalSecurity()).channel(address)  # token / TLS of kvtier
         self._stub = pb_grpc.KvtierStub(self._channel)
         self.host_pool: HostPoolView | None = None
         self.attach_info: pb.AttachResponse | None = None

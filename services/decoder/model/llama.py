@@ -99,9 +99,13 @@ class LlamaModel:
         meta: AttentionMetadata,
         attention: PagedAttention,
         logit_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        capture_layers: tuple[int, ...] = (),
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``input_ids: [num_tokens]`` -> logits ``[len(logit_rows), vocab]`` in fp32 (all rows
-        when ``logit_rows`` is None). K/V of every token are written into the pool."""
+        when ``logit_rows`` is None). K/V of every token are written into the pool.
+        With ``capture_layers`` (a drafter's feature layers) it returns ``(logits, features)``,
+        ``features: [num_tokens, len(capture_layers) * hidden]``: the hidden states after each of
+        those layers, concatenated in the order given."""
         cfg = self.config
         num_heads, num_kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         eps = cfg.rms_norm_eps
@@ -110,6 +114,7 @@ class LlamaModel:
         rope_tables = self.rope.tables(meta.positions)  # shared by every layer of this step
         q_width = num_heads * head_dim
         kv_width = num_kv_heads * head_dim
+        captured: dict[int, torch.Tensor] = {}
         for layer_idx, layer in enumerate(self.layers):
             h = F.rms_norm(hidden, (hidden.shape[-1],), layer.input_norm, eps)
             qkv = layer.qkv(h)  # [num_tokens, (H + 2 * KVH) * head_dim]
@@ -134,7 +139,12 @@ class LlamaModel:
             h = F.rms_norm(hidden, (hidden.shape[-1],), layer.post_norm, eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             hidden = hidden + layer.down(F.silu(gate) * up)
+            if layer_idx in capture_layers:
+                captured[layer_idx] = hidden
         if logit_rows is not None:
             hidden = torch.index_select(hidden, 0, logit_rows)
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.final_norm, eps)
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        if capture_layers:
+            return logits, torch.cat([captured[i] for i in capture_layers], dim=-1)
+        return logits

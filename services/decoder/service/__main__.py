@@ -41,9 +41,12 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog or "python -m services.decoder.service").parse_args(argv)
     if args.probe:
+        from services.decoder.config import DecoderConfig
         from services.decoder.service.server import probe
+        from services.rpc.auth import InternalSecurity
 
-        return 0 if probe(args.probe) else 1
+        # the token and TLS files come from the same DHISPARSE_DECODER_* variables the decoder reads
+        return 0 if probe(args.probe, security=InternalSecurity.of(DecoderConfig())) else 1
     from services.decoder.config import DecoderConfig
     from services.decoder.service.server import serve
 

@@ -18,6 +18,7 @@ The loop sleeps on the command queue while the engine is idle and wakes on the n
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -211,11 +212,23 @@ class EngineLoop:
                     self._dispatch(self.engine.step())
                     with self._stats_lock:
                         self._stats.num_steps += 1
+                if not self.engine.has_unfinished() and self.engine.host_tier is not None:
+                    self._flush_host_tier()
                 self._publish_stats()
         except BaseException as exc:  # the engine failed: end every stream instead of hanging them
             self._error = exc
             self._abort_all()
             raise
+
+    def _flush_host_tier(self) -> None:
+        """Idle: finished or cancelled requests' host pages go back to kvtier now, not with the next
+        step. A kvtier that stays down keeps them pending (sent again on the next try)."""
+        from services.decoder.kv.kvtier_client import KvtierClientError
+
+        try:
+            self.engine.host_tier.flush()
+        except KvtierClientError as exc:
+            logging.getLogger(__name__).warning("returning host pages to kvtier failed: %s", exc)
 
     def _take_commands(self, block: bool) -> None:
         try:

@@ -25,6 +25,7 @@ from services.decoder.model.tokenizer import Tokenizer
 from services.decoder.service.engine_loop import DrainingError, EngineLoop, Output, QueueFullError
 from services.rpc import decoder_pb2 as pb
 from services.rpc import decoder_pb2_grpc as pb_grpc
+from services.rpc.auth import InternalSecurity
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +147,10 @@ class DecoderServicer(pb_grpc.DecoderServicer):
         )
 
 
-def probe(address: str, timeout_s: float = 2.0) -> bool:
-    """True when the decoder at ``address`` answers Health with SERVING (used by health checks)."""
-    with grpc.insecure_channel(address) as channel:
+def probe(address: str, timeout_s: float = 2.0, security: InternalSecurity | None = None) -> bool:
+    """True when the decoder at ``address`` answers Health with SERVING (used by health checks);
+    ``security``: the internal token / TLS the decoder expects."""
+    with (security or InternalSecurity()).channel(address) as channel:
         try:
             reply = pb_grpc.DecoderStub(channel).Health(pb.HealthRequest(), timeout=timeout_s)
         except grpc.RpcError:
@@ -161,11 +163,12 @@ def serve(config: DecoderConfig | None = None, install_signal_handlers: bool = T
     from services.decoder.engine.engine import Engine
 
     config = config or DecoderConfig()
+    security = InternalSecurity.of(config)  # before the model loads: bad TLS files fail at once
     engine = Engine(config)
     loop = EngineLoop(engine, config.max_num_waiting).start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.grpc_max_workers),
-                         options=[("grpc.so_reuseport", 0)])
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    server = security.make_server(futures.ThreadPoolExecutor(max_workers=config.grpc_max_workers),
+                                  options=[("grpc.so_reuseport", 0)])
+    port = security.add_port(server, f"{config.host}:{config.port}")
     hostname = socket.gethostname()
     decoder_id = config.decoder_id or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{hostname}-{port}")[:128]
     # gateways dial the advertised address: a wildcard bind is reachable by hostname, any other

@@ -1,28 +1,69 @@
-"""The drafter interface: propose a block of tokens that the target verifies in one pass."""
+"""The drafter interface: propose blocks of tokens that the target verifies in one pass.
+
+Drafts are deterministic (point-mass proposals), so verification compares against the target's
+distribution alone (see ``verify.py``) and stays lossless for greedy and sampled requests.
+
+A drafter that conditions on the target (DFlash, DSpark) names the target layers whose outputs
+it needs (``feature_layers``); the engine then hands it, after every step, the concatenated
+hidden states of each request's newly committed positions (``observe``), never those of
+rejected draft rows.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftRequest:
+    request_id: str
+    token_ids: list[int]  # prompt + output so far; the last one is the anchor (not yet computed)
+    max_tokens: int  # draft at most this many tokens
+
+    @property
+    def anchor_position(self) -> int:
+        return len(self.token_ids) - 1
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    # per-position probability that the token survives given its prefix did (DSpark), or None
+    confidences: list[float] | None = None
 
 
 class Drafter(ABC):
-    """Proposes draft tokens for one request. Drafts are deterministic (point-mass proposals), so
-    verification compares against the target's distribution alone (see ``verify.py``)."""
-
     name: str
+    feature_layers: tuple[int, ...] = ()  # target layers whose outputs ``observe`` receives
 
     @abstractmethod
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
-        """``token_ids``: the request's prompt + output so far. Returns at most ``max_tokens``
-        draft tokens continuing it (possibly none). Mutates nothing."""
+    def propose_batch(self, requests: list[DraftRequest]) -> list[Draft]:
+        """One draft per request (possibly empty). Mutates nothing the target owns."""
+
+    def observe(self, request_id: str, start: int, features: torch.Tensor) -> None:
+        """``features: [n, len(feature_layers) * hidden]``: the target's hidden states after each
+        of ``feature_layers`` at the committed positions ``start .. start + n``."""
+
+    def release(self, request_id: str) -> None:
+        """Forgets a finished or aborted request."""
 
 
-def make_drafter(kind: str, **kwargs) -> Drafter | None:
-    """``none`` -> None; ``ngram`` -> NgramDrafter(**kwargs)."""
+def make_drafter(kind: str, target=None, **kwargs) -> Drafter | None:
+    """``none`` -> None; ``ngram`` -> ``NgramDrafter(**kwargs)``; ``dflash`` / ``dspark`` ->
+    ``DFlashDrafter`` on the checkpoint ``kwargs['checkpoint']`` for ``target`` (a LlamaModel)."""
     if kind == "none":
         return None
     if kind == "ngram":
         from services.decoder.spec.ngram import NgramDrafter
 
         return NgramDrafter(**kwargs)
-    raise ValueError(f"unknown drafter {kind!r} (available: none, ngram)")
+    if kind in ("dflash", "dspark"):
+        from services.decoder.spec.dflash.drafter import DFlashDrafter
+
+        if target is None:
+            raise ValueError(f"the {kind} drafter needs the target model")
+        return DFlashDrafter.from_checkpoint(kwargs["checkpoint"], target, expected_kind=kind)
+    raise ValueError(f"unknown drafter {kind!r} (available: none, ngram, dflash, dspark)")

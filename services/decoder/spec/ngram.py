@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from services.decoder.spec.drafter import Drafter
+from services.decoder.spec.drafter import Draft, Drafter, DraftRequest
 
 
 class NgramDrafter(Drafter):
@@ -17,6 +17,9 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n = min_n
         self.max_n = max_n
+
+    def propose_batch(self, requests: list[DraftRequest]) -> list[Draft]:
+        return [Draft(self.propose(r.token_ids, r.max_tokens)) for r in requests]
 
     def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
         length = len(token_ids)

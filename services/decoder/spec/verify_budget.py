@@ -2,8 +2,9 @@
 
 ``fixed``: all the drafter proposes (up to ``spec_tokens``).
 
-``adaptive`` (in the spirit of DSpark's budget): per request, the draft length k that maximises
-expected committed tokens per second of step time,
+``adaptive`` (in the spirit of DSpark's budget): the draft lengths that maximise the step's
+expected committed tokens per second of step time (``choose_draft_lengths``: jointly over the
+step's requests, since each verified token costs every request step time); for one request,
 
     E(k) / (step_s(T + k) + fetch_s(k)),      E(k) = 1 + sum_{i=1..k} p_i,
 
@@ -19,6 +20,7 @@ page-layer. Under hot-tier pressure (high miss rate) the budget shrinks.
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass
 
 
@@ -53,6 +55,15 @@ class AcceptanceEstimate:
 
     rate: float = 0.7
     weight: float = 0.3  # of the newest step
+    prior: float = 0.7
+    drift: float = 0.05  # towards the prior per step whose draft the budget cut to nothing
+
+    def idle(self) -> None:
+        """A step where the budget verified none of the drafted tokens: nothing was observed, so
+        the estimate drifts back towards the prior. Without that, a request that once accepted
+        little would never verify again, even after its text turned copy-heavy; with it, it
+        probes again after a while (about 14 idle steps from 0.3 to 0.5)."""
+        self.rate += self.drift * (self.prior - self.rate)
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted > 0:
@@ -71,14 +82,50 @@ def expected_committed(confidences: list[float]) -> float:
     return total
 
 
+def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int,
+                         costs: StepCostTable, fetch_s_per_position: list[float] | None = None) -> list[int]:
+    """Draft lengths for all requests of a step at once, maximising the step's expected committed
+    tokens per second: ``(committed_base + sum of accepted-position probabilities) /
+    (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
+
+    ``confidences[r]``: request r's per-position survival probabilities (see
+    ``expected_committed``); ``committed_base``: tokens the step commits with no draft at all (one
+    per decoding request); ``tokens_base``: its batch tokens without drafts. Every request's draft
+    costs every other request step time, so the lengths are chosen jointly: draft positions are
+    taken in decreasing order of acceptance probability per marginal second (the step's slope
+    plus the request's fetches; within a request that is position order), and the best prefix of
+    that order wins (ties go to fewer tokens; the empty prefix, no
+    speculation, is always a candidate)."""
+    fetch = fetch_s_per_position or [0.0] * len(confidences)
+    # marginal seconds of one more verified position of request r: the step's slope + its fetches
+    slope = max((costs.step_s(tokens_base + 16) - costs.step_s(tokens_base)) / 16, 1e-9)
+    price = [slope + f for f in fetch]
+    heap = []  # (-P(position accepted) / its price, request, position index)
+    for r, conf in enumerate(confidences):
+        if conf:
+            heapq.heappush(heap, (-conf[0] / price[r], r, 0))
+    alive = [1.0] * len(confidences)
+    lengths = [0] * len(confidences)
+    best_lengths = list(lengths)
+    expected, tokens, fetch_s = float(committed_base), tokens_base, 0.0
+    best_rate = expected / max(costs.step_s(tokens), 1e-12)
+    while heap:
+        _, r, k = heapq.heappop(heap)
+        alive[r] *= confidences[r][k]
+        expected += alive[r]
+        tokens += 1
+        fetch_s += fetch[r]
+        lengths[r] = k + 1
+        rate = expected / max(costs.step_s(tokens) + fetch_s, 1e-12)
+        if rate > best_rate * (1 + 1e-9):
+            best_rate, best_lengths = rate, list(lengths)
+        if k + 1 < len(confidences[r]):
+            heapq.heappush(heap, (-alive[r] * confidences[r][k + 1] / price[r], r, k + 1))
+    return best_lengths
+
+
 def choose_draft_length(confidences: list[float], other_tokens: int, costs: StepCostTable,
                         fetch_s_per_position: float = 0.0) -> int:
-    """The k in ``0..len(confidences)`` maximising E(k) / (step_s(other_tokens + 1 + k) +
-    k * fetch_s_per_position); ties go to the shorter draft."""
-    best_k, best_rate = 0, -1.0
-    for k in range(len(confidences) + 1):
-        cost = costs.step_s(other_tokens + 1 + k) + k * fetch_s_per_position
-        rate = expected_committed(confidences[:k]) / cost if cost > 0 else float("inf")
-        if rate > best_rate * (1 + 1e-9):
-            best_k, best_rate = k, rate
-    return best_k
+    """One request alone: the k in ``0..len(confidences)`` maximising E(k) /
+    (step_s(other_tokens + 1 + k) + k * fetch_s_per_position); ties go to the shorter draft."""
+    return choose_draft_lengths([confidences], 1, other_tokens + 1, costs, [fetch_s_per_position])[0]

@@ -1,0 +1,71 @@
+"""Draft checkpoints on disk: a directory with ``config.json`` (``config.py``'s format) and
+``model.safetensors`` holding the draft layers only (the target's embeddings and LM head are
+shared, never stored). Loading checks every tensor name and shape and refuses with a
+``DraftCheckpointError`` that names the problem."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from services.decoder.spec.dflash.config import DraftCheckpointError, DraftConfig
+from services.decoder.spec.dflash.model import DraftNet
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def save_checkpoint(net: DraftNet, directory: str | Path, dtype: torch.dtype | None = None, extra: dict | None = None) -> Path:
+    """Writes ``config.json`` (plus ``extra`` keys, e.g. training facts) and the weights
+    (cast to ``dtype`` when given). Returns the directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    raw = net.cfg.to_json()
+    if extra:
+        raw["dhisparse"] = extra
+    tensors = {name: (t.detach().to(dtype) if dtype else t.detach()).contiguous() for name, t in net.state_dict().items()}
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    (directory / CONFIG_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+    return directory
+
+
+def read_config(directory: str | Path) -> DraftConfig:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise DraftCheckpointError(f"{Path(directory)} is not a draft checkpoint: no {CONFIG_FILE}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DraftCheckpointError(f"{path}: not valid JSON ({exc})") from None
+    return DraftConfig.from_json(raw)
+
+
+def load_checkpoint(directory: str | Path, dtype: torch.dtype = torch.float32) -> DraftNet:
+    cfg = read_config(directory)
+    path = Path(directory) / WEIGHTS_FILE
+    if not path.is_file():
+        raise DraftCheckpointError(f"{Path(directory)}: no {WEIGHTS_FILE}")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DraftCheckpointError(f"{path}: unreadable safetensors file ({exc})") from None
+    net = DraftNet(cfg)
+    expected = net.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise DraftCheckpointError(
+            f"{path}: weights do not match the config ({cfg.kind}): missing {missing[:5]}"
+            f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+        )
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise DraftCheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, the config needs {tuple(expected[name].shape)}")
+        if not torch.isfinite(tensor).all():
+            raise DraftCheckpointError(f"{path}: {name} holds non-finite values")
+    net.load_state_dict({name: t.to(dtype) for name, t in tensors.items()})
+    return net.to(dtype).eval()

@@ -1,0 +1,91 @@
+"""The engine's DFlash / DFlash2 / DSpark drafter.
+
+Per request it keeps a ``DraftContext``: the draft layers' keys/values of the last
+``context_window`` committed positions (a ring; see ``model.py``). That bounds the drafter's
+own cache: at 100K tokens it still holds ``window`` positions per request, and the target's
+tiered KV is what carries the long context. One forward pass drafts a block for every request
+of the step at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from services.decoder.spec.dflash.checkpoint import load_checkpoint
+from services.decoder.spec.dflash.config import DraftCheckpointError
+from services.decoder.spec.dflash.model import DraftContext, DraftNet
+from services.decoder.spec.drafter import Draft, Drafter, DraftRequest
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
+
+
+DEFAULT_TARGET = "smollm2-135m-instruct"  # the only target with shipped drafters
+
+
+def shipped_checkpoint(kind: str) -> Path:
+    """The ``dflash`` or ``dspark`` checkpoint this repository ships for the default model
+    (``from_checkpoint`` refuses it, naming the mismatch, for any other target)."""
+    return SHIPPED_DIR / f"{DEFAULT_TARGET}-{kind}"
+
+
+class DFlashDrafter(Drafter):
+    def __init__(self, net: DraftNet, embed: torch.Tensor, lm_head: torch.Tensor):
+        """``embed: [V, H]`` and ``lm_head: [V, H]``: the target's (shared, not copied)."""
+        self.net = net
+        self.cfg = net.cfg
+        self.name = net.cfg.kind
+        self.embed = embed
+        self.lm_head = lm_head
+        self.feature_layers = tuple(net.cfg.target_layer_ids)
+        self.dtype = net.fc.weight.dtype
+        self.contexts: dict[str, DraftContext] = {}
+
+    @classmethod
+    def from_checkpoint(cls, directory: str | Path, target, expected_kind: str) -> DFlashDrafter:
+        net = load_checkpoint(directory, dtype=target.dtype)
+        kind = net.cfg.kind
+        if expected_kind == "dspark" and kind != "dspark" or expected_kind == "dflash" and kind == "dspark":
+            raise DraftCheckpointError(f"{directory} holds a {kind} drafter, not {expected_kind}")
+        cfg = target.config
+        net.cfg.check_target(cfg.num_layers, cfg.hidden_size, cfg.vocab_size)
+        return cls(net, target.embed_tokens, target.lm_head.weight)
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.cfg.block_size - 1
+
+    def observe(self, request_id: str, start: int, features: torch.Tensor) -> None:
+        context = self.contexts.get(request_id)
+        if context is None:
+            context = self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
+        with torch.inference_mode():
+            context.append(self.net, start, features)
+
+    def release(self, request_id: str) -> None:
+        self.contexts.pop(request_id, None)
+
+    @torch.inference_mode()
+    def propose_batch(self, requests: list[DraftRequest]) -> list[Draft]:
+        drafts = [Draft([]) for _ in requests]
+        rows = [i for i, r in enumerate(requests) if r.max_tokens > 0 and r.request_id in self.contexts]
+        if not rows:
+            return drafts
+        cfg = self.cfg
+        size = cfg.block_size
+        contexts = [self.contexts[requests[i].request_id] for i in rows]
+        anchors = torch.tensor([requests[i].anchor_position for i in rows], dtype=torch.int64)
+        slot_pos = torch.stack([c.slot_pos for c in contexts])  # [R, W]
+        ctx_visible = (slot_pos >= 0) & (slot_pos < anchors[:, None]) & (slot_pos >= anchors[:, None] - cfg.context_window)
+        mask = torch.cat([ctx_visible[:, None, :].expand(-1, size, -1), torch.ones(len(rows), size, size, dtype=torch.bool)], dim=2)
+        ctx_kv = [(torch.stack([c.k[layer] for c in contexts]), torch.stack([c.v[layer] for c in contexts]))
+                  for layer in range(cfg.num_layers)]
+        anchor_ids = torch.tensor([requests[i].token_ids[-1] for i in rows], dtype=torch.int64)
+        x = self.net.block_embeddings(anchor_ids, self.embed)
+        hidden = self.net.blocks_hidden(x, anchors[:, None] + torch.arange(size), ctx_kv, mask)
+        tokens, confidences = self.net.choose(hidden, anchor_ids, self.lm_head)
+        for row, i in enumerate(rows):
+            n = min(requests[i].max_tokens, size - 1)
+            drafts[i] = Draft(tokens[row, :n].tolist(), None if confidences is None else confidences[row, :n].tolist())
+        return drafts

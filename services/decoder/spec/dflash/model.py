@@ -1,0 +1,136 @@
+"""The draft network: DFlash (and DFlash2, DSpark) block drafter conditioned on target features.
+
+Context: the target's hidden states after layers ``target_layer_ids`` at each committed
+position, concatenated (``[T, F]``, ``F = len(ids) * H``), projected once by ``fc`` +
+``hidden_norm`` to ``[T, H]``; every draft layer turns them into its own keys/values.
+Block: the anchor (the last committed token, whose K/V the target has not computed yet) at
+position ``a`` plus ``block_size - 1`` mask tokens at ``a+1 ..``, embedded with the target's
+embeddings; one forward pass attends over the context window ``[a - window, a)`` and the whole
+block (bidirectional), and positions ``1 ..`` predict tokens ``a+1 ..``.
+
+The same code serves inference (``DraftContext`` rings per request, ``drafter.py``) and training
+(``sequence_blocks``: many anchors of one sequence in one pass).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.decoder.spec.dflash.config import DraftConfig
+from services.decoder.spec.dflash.heads import CandidateSelector, ConfidenceHead, MarkovHead
+from services.decoder.spec.dflash.layers import DraftLayer, RMSNorm, rope_tables
+
+
+class DraftNet(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fc = nn.Linear(cfg.feature_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.candidate_selector = None
+        if cfg.selector_rank is not None:
+            self.candidate_selector = CandidateSelector(cfg.vocab_size, cfg.hidden_size, cfg.selector_rank, cfg.selector_top_k)
+        self.markov_head = None
+        if cfg.markov_rank is not None:
+            self.markov_head = MarkovHead(cfg.vocab_size, cfg.hidden_size, cfg.markov_rank)
+        self.confidence_head = ConfidenceHead(cfg.hidden_size) if cfg.confidence_head else None
+
+    # ---- building blocks -----------------------------------------------------------------
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, self.fc.weight.dtype)
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``features: [..., F]`` at ``positions: [...]`` -> per layer ``(k, v)``, each
+        ``[..., kv_heads, head_dim]`` (rotated keys; a request's cacheable draft context)."""
+        ctx = self.hidden_norm(self.fc(features))
+        cos, sin = self.rope(positions)
+        return [layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers]
+
+    def block_embeddings(self, anchor_ids: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        """``anchor_ids: [B]`` -> the blocks' inputs ``[B, block_size, H]``: anchor, then masks."""
+        cfg = self.cfg
+        ids = torch.full((anchor_ids.shape[0], cfg.block_size), cfg.mask_token_id, dtype=torch.int64)
+        ids[:, 0] = anchor_ids
+        return F.embedding(ids, embed) * cfg.input_embedding_scale
+
+    def blocks_hidden(self, x, positions, ctx_kv, mask) -> torch.Tensor:
+        """``x: [B, S, H]`` block inputs at ``positions: [B, S]``, ``ctx_kv``: per layer
+        ``(k, v): [G, C, kv_heads, head_dim]``, ``mask: [G, Q, C + Q]`` -> normed hidden of the
+        drafted positions ``[B, S - 1, H]``."""
+        cos, sin = self.rope(positions)
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, mask)
+        return self.norm(x[:, 1:])
+
+    def base_logits(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        """``hidden: [..., H]``, ``lm_head: [V, H]`` (the target's) -> ``[..., V]`` fp32."""
+        logits = F.linear(hidden, lm_head).float() * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def choose(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden: [B, P, H]`` -> draft tokens ``[B, P]`` and, with a confidence head, the
+        per-position survival probabilities ``[B, P]`` (else None)."""
+        logits = self.base_logits(hidden, lm_head)
+        if self.markov_head is not None:
+            tokens, top_prob = self.markov_head.select(hidden, logits, anchor_ids)
+        elif self.candidate_selector is not None:
+            tokens = self.candidate_selector.select(hidden, logits, anchor_ids)
+            top_prob = torch.softmax(logits, dim=-1).gather(-1, tokens[..., None])[..., 0]
+        else:
+            top_logit, tokens = logits.max(dim=-1)
+            top_prob = torch.exp(top_logit - torch.logsumexp(logits, dim=-1))
+        if self.confidence_head is None:
+            return tokens, None
+        return tokens, torch.sigmoid(self.confidence_head.logit(hidden, top_prob))
+
+    # ---- training: many anchors of one sequence in one pass ---------------------------------
+    def sequence_blocks(self, features: torch.Tensor, token_ids: torch.Tensor, anchors: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
+        """``features: [T, F]`` and ``token_ids: [T]`` of one sequence, ``anchors: [N]`` positions
+        (each ``>= 1``) -> hidden of the drafted positions ``[N, S - 1, H]``. Block ``n``
+        sees context positions ``[a_n - window, a_n)``, exactly what inference sees."""
+        cfg = self.cfg
+        length = features.shape[0]
+        size = cfg.block_size
+        ctx_kv = [(k[None], v[None]) for k, v in self.context_kv(features, torch.arange(length))]
+        positions = anchors[:, None] + torch.arange(size)  # [N, S]
+        key_pos = torch.arange(length)
+        ctx_visible = (key_pos[None] < anchors[:, None]) & (key_pos[None] >= anchors[:, None] - cfg.context_window)
+        block_of = torch.arange(anchors.shape[0]).repeat_interleave(size)  # [N * S]
+        mask = torch.cat([ctx_visible.repeat_interleave(size, dim=0), block_of[:, None] == block_of[None]], dim=1)
+        x = self.block_embeddings(token_ids[anchors], embed)
+        return self.blocks_hidden(x, positions, ctx_kv, mask[None])
+
+
+class DraftContext:
+    """One request's draft context: a ring of the last ``window`` positions' per-layer keys and
+    values (already rotated), so it never grows with the request. Memory per request:
+    ``2 * layers * window * kv_heads * head_dim`` values."""
+
+    def __init__(self, cfg: DraftConfig, dtype: torch.dtype):
+        shape = (cfg.num_layers, cfg.context_window, cfg.num_kv_heads, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.slot_pos = torch.full((cfg.context_window,), -1, dtype=torch.int64)  # position held, -1 empty
+        self.end = 0  # next position expected
+
+    def append(self, net: DraftNet, start: int, features: torch.Tensor) -> None:
+        """Adds the features of positions ``start .. start + n``. A start other than ``end``
+        (a recomputed or resumed request) drops what the ring held first."""
+        if start != self.end:
+            self.slot_pos.fill_(-1)
+        window = self.slot_pos.shape[0]
+        count = features.shape[0]
+        if count > window:
+            start, features, count = start + count - window, features[count - window :], window
+        positions = torch.arange(start, start + count)
+        slots = positions % window
+        for layer, (k, v) in enumerate(net.context_kv(features.to(self.k.dtype), positions)):
+            self.k[layer, slots] = k
+            self.v[layer, slots] = v
+        self.slot_pos[slots] = positions
+        self.end = start + count

@@ -1,0 +1,168 @@
+"""The DFlash / DFlash2 / DSpark draft network: the training forward equals the serving path,
+checkpoints round-trip, and malformed checkpoints get clear errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from services.decoder.spec.dflash.checkpoint import load_checkpoint, save_checkpoint
+from services.decoder.spec.dflash.config import DraftCheckpointError, DraftConfig
+from services.decoder.spec.dflash.drafter import DFlashDrafter
+from services.decoder.spec.dflash.model import DraftContext, DraftNet
+from services.decoder.spec.drafter import DraftRequest
+from tests.spec.dflash_fixtures import KIND_FIELDS, random_net, write_random_checkpoint
+
+KINDS = sorted(KIND_FIELDS)
+
+
+def small_config(kind: str) -> DraftConfig:
+    fields = dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
+                  rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=50, block_size=5, mask_token_id=49,
+                  target_layer_ids=(0, 2), context_window=6)
+    fields.update({k: (min(v, 8) if isinstance(v, int) and not isinstance(v, bool) else v)
+                   for k, v in KIND_FIELDS[kind].items()})
+    return DraftConfig(**fields)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_forward_equals_the_serving_path(kind):
+    """``sequence_blocks`` (many anchors, one pass, masks) vs the per-request ring context fed in
+    pieces, wrapped around its window: the same hidden states, hence the same drafts."""
+    cfg = small_config(kind)
+    net = random_net(cfg, seed=1)
+    torch.manual_seed(2)
+    length = 24
+    features = torch.randn(length, cfg.feature_size)
+    ids = torch.randint(0, 49, (length,))
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    anchors = torch.tensor([1, 4, 9, 17])  # context shorter than, equal to and past the window of 6
+    drafter = DFlashDrafter(net, embed, embed)
+    with torch.no_grad():
+        expected = net.sequence_blocks(features, ids, anchors, embed)
+        want_tokens, want_conf = net.choose(expected, ids[anchors], embed)
+    for n, anchor in enumerate(anchors.tolist()):
+        rid = f"r{n}"
+        drafter.observe(rid, 0, features[: anchor // 2])
+        drafter.observe(rid, anchor // 2, features[anchor // 2 : anchor])
+        (draft,) = drafter.propose_batch([DraftRequest(rid, ids[: anchor + 1].tolist(), 10)])
+        assert draft.tokens == want_tokens[n].tolist()
+        if kind == "dspark":
+            torch.testing.assert_close(torch.tensor(draft.confidences), want_conf[n], rtol=1e-5, atol=1e-6)
+        else:
+            assert draft.confidences is None
+    assert kind != "dspark" or not torch.equal(want_conf, torch.full_like(want_conf, 0.5))
+
+
+def test_a_batch_of_requests_drafts_what_each_drafts_alone():
+    cfg = small_config("dflash")
+    net = random_net(cfg, seed=3)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    drafter = DFlashDrafter(net, embed, embed)
+    torch.manual_seed(4)
+    asks = []
+    for n, length in enumerate([3, 7, 12]):
+        drafter.observe(f"r{n}", 0, torch.randn(length, cfg.feature_size))
+        asks.append(DraftRequest(f"r{n}", torch.randint(0, 49, (length + 1,)).tolist(), 2 + n))
+    batched = drafter.propose_batch(asks)
+    alone = [drafter.propose_batch([a])[0] for a in asks]
+    assert [d.tokens for d in batched] == [d.tokens for d in alone]
+    assert [len(d.tokens) for d in batched] == [2, 3, 4]
+    drafter.release("r0")
+    assert drafter.propose_batch([asks[0]])[0].tokens == []  # no context: no draft
+
+
+def test_a_context_that_jumps_back_is_rebuilt():
+    """A preempted request is recomputed from position 0: the ring drops what it held."""
+    cfg = small_config("dflash")
+    net = random_net(cfg)
+    ctx = DraftContext(cfg, torch.float32)
+    ctx.append(net, 0, torch.randn(9, cfg.feature_size))
+    assert sorted(ctx.slot_pos.tolist()) == [3, 4, 5, 6, 7, 8]
+    ctx.append(net, 0, torch.randn(2, cfg.feature_size))
+    assert sorted(p for p in ctx.slot_pos.tolist() if p >= 0) == [0, 1] and ctx.end == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_checkpoint_round_trip_gives_identical_proposals(tmp_path, kind):
+    cfg = small_config(kind)
+    net = random_net(cfg, seed=5)
+    save_checkpoint(net, tmp_path / "ck")
+    raw = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert raw["dflash_config"]["target_layer_ids"] == [0, 2] and raw["dflash_config"]["block_size"] == 5
+    loaded = load_checkpoint(tmp_path / "ck")
+    assert loaded.cfg == cfg
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    features = torch.randn(10, cfg.feature_size)
+    ids = torch.randint(0, 49, (10,))
+    anchors = torch.tensor([3, 8])
+    with torch.no_grad():
+        a = net.choose(net.sequence_blocks(features, ids, anchors, embed), ids[anchors], embed)
+        b = loaded.choose(loaded.sequence_blocks(features, ids, anchors, embed), ids[anchors], embed)
+    assert torch.equal(a[0], b[0])
+
+
+def test_dflash2_checkpoint_names_follow_z_lab():
+    names = set(DraftNet(small_config("dflash2")).state_dict())
+    for name in ("fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_norm.weight",
+                 "layers.0.attention_conv.base_kernel", "layers.0.mlp_conv.kernel_projection.weight",
+                 "candidate_selector.predecessor_codebook", "candidate_selector.hidden_projection.weight"):
+        assert name in names
+
+
+def _corrupt(directory, edit):
+    tensors = load_file(str(directory / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(directory / "model.safetensors"))
+
+
+@pytest.mark.parametrize("case, match", [
+    ("no_config", "no config.json"),
+    ("bad_json", "not valid JSON"),
+    ("no_layer_ids", "target_layer_ids"),
+    ("missing_tensor", "missing \\['fc.weight'\\]"),
+    ("extra_tensor", "unexpected \\['rogue'\\]"),
+    ("wrong_shape", "fc.weight has shape"),
+    ("nan", "non-finite"),
+    ("truncated", "unreadable safetensors"),
+])
+def test_malformed_checkpoints_are_refused_clearly(tmp_path, case, match):
+    directory = tmp_path / "ck"
+    save_checkpoint(random_net(small_config("dflash")), directory)
+    config = directory / "config.json"
+    weights = directory / "model.safetensors"
+    if case == "no_config":
+        config.unlink()
+    elif case == "bad_json":
+        config.write_text("{not json")
+    elif case == "no_layer_ids":
+        raw = json.loads(config.read_text())
+        del raw["dflash_config"]["target_layer_ids"]
+        config.write_text(json.dumps(raw))
+    elif case == "missing_tensor":
+        _corrupt(directory, lambda t: t.pop("fc.weight"))
+    elif case == "extra_tensor":
+        _corrupt(directory, lambda t: t.__setitem__("rogue", torch.zeros(1)))
+    elif case == "wrong_shape":
+        _corrupt(directory, lambda t: t.__setitem__("fc.weight", torch.zeros(3, 3)))
+    elif case == "nan":
+        _corrupt(directory, lambda t: t["fc.weight"].__setitem__((0, 0), float("nan")))
+    elif case == "truncated":
+        weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(DraftCheckpointError, match=match):
+        load_checkpoint(directory)
+
+
+def test_a_checkpoint_for_another_target_or_kind_is_refused(tmp_path, loaded_model):
+    from dhisparse import LLM
+
+    write_random_checkpoint(tmp_path / "wide", hidden_size=640, num_heads=10, num_kv_heads=5)
+    with pytest.raises(DraftCheckpointError, match="hidden_size=640 != target hidden_size=576"):
+        LLM(loaded=loaded_model, spec="dflash", draft_model=str(tmp_path / "wide"))
+    write_random_checkpoint(tmp_path / "deep", target_layer_ids=(2, 30))
+    with pytest.raises(DraftCheckpointError, match="\\[30\\] do not exist in a 30-layer target"):
+        LLM(loaded=loaded_model, spec="dflash", draft_model=str(tmp_path / "deep"))
+    write_random_checkpoint(tmp_path / "plain", kind="dflash")
+    with pytest.raises(DraftCheckpointError, match="holds a dflash drafter, not dspark"):
+        LLM(loaded=loaded_model, spec="dspark", draft_model=str(tmp_path / "plain"))
