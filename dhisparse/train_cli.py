@@ -1,0 +1,85 @@
+"""``dhisparse train-drafter``: argument wiring for ``services/decoder/spec/training/pipeline.py``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def _layers(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer indices, got {text!r}") from None
+    if not layers or min(layers) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative layer indices, got {text!r}")
+    return layers
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("train-drafter", help="train a DFlash/DSpark drafter on self-distillation data",
+                       description="Distil the target's greedy answers to built-in prompts (plus text files), "
+                                   "extract target features once, train, evaluate held-out acceptance, write "
+                                   "config.json + model.safetensors + README.md. Resumable at every stage.")
+    p.add_argument("--kind", required=True, choices=["dflash", "dspark"])
+    p.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")
+    p.add_argument("--data-dir", type=Path, default=Path("drafter-data"),
+                   help="distillation cache and features (shared between runs)")
+    p.add_argument("--run-dir", type=Path, default=None, help="training state (default: DATA_DIR/runs/<out name>)")
+    p.add_argument("--text-files", nargs="*", default=[], help="plain text files added as training sequences")
+    p.add_argument("--num-prompts", type=int, default=4000, help="built-in prompts to distil (prefix of a fixed order)")
+    p.add_argument("--distill-minutes", type=float, default=None,
+                   help="stop queueing prompts after this long (0: use the cache only; default: all prompts)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests generated together while distilling")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2, help="draft layers")
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--target-layers", type=_layers, default=None, help="e.g. 2,15,28")
+    p.add_argument("--intermediate-size", type=int, default=1536)
+    p.add_argument("--markov-rank", type=int, default=64, help="DSpark Markov head rank")
+    p.add_argument("--context-window", type=int, default=1024)
+    p.add_argument("--init-from", type=Path, default=None, help="warm-start matching tensors from a trained checkpoint")
+    p.add_argument("--init-target-layers", action="store_true",
+                   help="start the draft layers as copies of the target's last layers (needs the target's dims)")
+    p.add_argument("--minutes", type=float, default=None, help="training time budget")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: fill --minutes)")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--seqs-per-step", type=int, default=4)
+    p.add_argument("--anchors-per-seq", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue training from the run's saved state")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    p.add_argument("--log-file", type=Path, default=None)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from services.decoder.spec.training.pipeline import (
+        DEFAULT_TARGET_LAYERS,
+        PipelineOptions,
+        run_pipeline,
+    )
+    from services.decoder.spec.training.trainer import TrainOptions
+
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if args.log_file:
+        args.log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(args.log_file))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", handlers=handlers, force=True)
+    if args.steps is None and args.minutes is None:
+        raise ValueError("give --minutes (a training time budget) or --steps")
+    train = TrainOptions(steps=args.steps, minutes=args.minutes, lr=args.lr, seqs_per_step=args.seqs_per_step,
+                         anchors_per_seq=args.anchors_per_seq, seed=args.seed)
+    opts = PipelineOptions(
+        kind=args.kind, out=args.out, data_dir=args.data_dir, run_dir=args.run_dir, num_prompts=args.num_prompts,
+        distill_minutes=args.distill_minutes, concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
+        text_files=list(args.text_files), num_layers=args.layers, block_size=args.block_size,
+        target_layers=args.target_layers or DEFAULT_TARGET_LAYERS, intermediate_size=args.intermediate_size,
+        markov_rank=args.markov_rank, context_window=args.context_window, init_from=args.init_from,
+        init_target=args.init_target_layers, resume=args.resume, progress=not args.no_progress, train=train,
+    )
+    run_pipeline(opts)
+    return 0

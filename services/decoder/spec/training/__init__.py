@@ -1,0 +1,1 @@
+"""Drafter training: self-distillation data, target features, the training loop (``train-drafter``)."""

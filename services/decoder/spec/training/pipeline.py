@@ -1,0 +1,219 @@
+"""``train-drafter`` end to end: distil (capturing features) -> extract missing features -> train -> held-out evaluation ->
+checkpoint + model card. Every stage is resumable and skips work already on disk, so rerunning
+the same command (or ``--resume``) continues where a killed run stopped.
+
+Files: ``<data_dir>/distill.jsonl`` and ``<data_dir>/features-*/`` (shared by runs that use the
+same target layers), ``<run_dir>/train_state.pt`` (default ``<data_dir>/runs/<out name>/``), and
+finally ``<out>/config.json``, ``<out>/model.safetensors`` (bf16 draft layers only) and
+``<out>/README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from services.decoder.spec.dflash.checkpoint import load_checkpoint, save_checkpoint
+from services.decoder.spec.dflash.config import DEFAULT_CONTEXT_WINDOW, DraftConfig
+from services.decoder.spec.dflash.model import DraftNet
+from services.decoder.spec.ngram import NgramDrafter
+from services.decoder.spec.training.dataset import load_dataset
+from services.decoder.spec.training.distill import (
+    add_text_files,
+    distill,
+    read_records,
+    summary,
+)
+from services.decoder.spec.training.evaluate import draft_acceptance, ngram_acceptance
+from services.decoder.spec.training.features import FeatureStore, extract_features
+from services.decoder.spec.training.prompts import build_prompts
+from services.decoder.spec.training.target_init import init_from_target
+from services.decoder.spec.training.trainer import Trainer, TrainOptions, init_trainable
+
+log = logging.getLogger("dhisparse.train_drafter")
+
+DEFAULT_TARGET_LAYERS = (2, 15, 28)
+MASK_TOKEN_ID = 16  # SmolLM2's <empty_output>: never produced in chat
+
+
+@dataclass
+class PipelineOptions:
+    kind: str
+    out: Path
+    data_dir: Path
+    num_prompts: int = 4000
+    distill_minutes: float | None = None  # None: distil every prompt; 0: use the cache only
+    concurrency: int = 16
+    max_new_tokens: int = 256
+    text_files: list[str] = field(default_factory=list)
+    num_layers: int = 2
+    block_size: int = 8
+    target_layers: tuple[int, ...] = DEFAULT_TARGET_LAYERS
+    intermediate_size: int = 1536
+    markov_rank: int = 64
+    context_window: int = DEFAULT_CONTEXT_WINDOW
+    init_from: Path | None = None  # warm-start the backbone from a trained draft checkpoint
+    init_target: bool = False  # start the draft layers as copies of the target's last layers
+    run_dir: Path | None = None  # training state; default <data_dir>/runs/<out folder name>
+    resume: bool = False
+    progress: bool = True
+    train: TrainOptions = field(default_factory=TrainOptions)
+
+
+def default_config(kind: str, target_cfg, *, num_layers: int = 2, block_size: int = 8,
+                   target_layers: tuple[int, ...] = DEFAULT_TARGET_LAYERS, intermediate_size: int = 1536,
+                   markov_rank: int = 64, context_window: int = DEFAULT_CONTEXT_WINDOW,
+                   mask_token_id: int = MASK_TOKEN_ID) -> DraftConfig:
+    """A draft config matching the target: its hidden size, heads, head_dim, RoPE theta, norm
+    eps and vocabulary (the draft shares the target's embeddings and LM head)."""
+    if kind not in ("dflash", "dspark"):
+        raise ValueError(f"--kind must be dflash or dspark, got {kind!r}")
+    cfg = DraftConfig(
+        hidden_size=target_cfg.hidden_size, num_layers=num_layers, num_heads=target_cfg.num_heads,
+        num_kv_heads=target_cfg.num_kv_heads, head_dim=target_cfg.head_dim, intermediate_size=intermediate_size,
+        rms_norm_eps=target_cfg.rms_norm_eps, rope_theta=target_cfg.rope_theta, vocab_size=target_cfg.vocab_size,
+        block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=tuple(target_layers),
+        context_window=context_window, num_target_layers=target_cfg.num_layers,
+        markov_rank=markov_rank if kind == "dspark" else None, confidence_head=kind == "dspark",
+    )
+    cfg.validate()
+    cfg.check_target(target_cfg.num_layers, target_cfg.hidden_size, target_cfg.vocab_size)
+    return cfg
+
+
+def prepare_data(llm, opts: PipelineOptions) -> dict:
+    """Distils the prompts not yet cached (capturing their features), adds text-file chunks,
+    then extracts the features still missing with a dense prefill."""
+    opts.data_dir.mkdir(parents=True, exist_ok=True)
+    if opts.text_files:
+        added = add_text_files(opts.data_dir, opts.text_files, llm.tokenizer.encode)
+        log.info("text files: %d new chunks", added)
+    if opts.distill_minutes != 0:
+        prompts = build_prompts(opts.num_prompts)
+        started = time.monotonic()
+        store = FeatureStore(opts.data_dir, opts.target_layers)  # features captured while generating
+        stats = distill(llm, prompts, opts.data_dir, concurrency=opts.concurrency, max_new_tokens=opts.max_new_tokens,
+                        minutes=opts.distill_minutes, progress=opts.progress, features=store)
+        log.info("distilled %s in %.1f min", stats, (time.monotonic() - started) / 60)
+    records = read_records(opts.data_dir)
+    if not records:
+        raise ValueError(f"{opts.data_dir}: no distilled data (allow some --distill-minutes or give --text-files)")
+    started = time.monotonic()
+    stats = extract_features(llm.engine.model, records, opts.data_dir, opts.target_layers, progress=opts.progress)
+    log.info("features: %s in %.1f min", stats, (time.monotonic() - started) / 60)
+    return summary(records)
+
+
+def warm_start(net: DraftNet, directory: Path) -> list[str]:
+    """Copies every tensor of a trained checkpoint whose name and shape match (e.g. the DFlash
+    backbone into a DSpark net); returns the names copied."""
+    source = load_checkpoint(directory).state_dict()
+    target = net.state_dict()
+    copied = [n for n, t in source.items() if n in target and target[n].shape == t.shape]
+    if not copied:
+        raise ValueError(f"--init-from {directory}: no tensor matches this draft config")
+    net.load_state_dict({n: source[n] for n in copied}, strict=False)
+    return copied
+
+
+def evaluate(net: DraftNet, embed: torch.Tensor, heldout) -> dict:
+    return {"draft": draft_acceptance(net, embed, heldout),
+            "ngram": ngram_acceptance(heldout, net.cfg.block_size, NgramDrafter())}
+
+
+def model_card(kind: str, cfg: DraftConfig, facts: dict) -> str:
+    ev = facts["heldout_acceptance"]
+    rows = [f"| {kind} (this) | {ev['draft']['mean_acceptance_length']:.2f} |",
+            f"| n-gram prompt lookup (min_n=1, max_n=4) | {ev['ngram']['mean_acceptance_length']:.2f} |"]
+    kinds = sorted(ev["draft"]["by_kind"])
+    per_kind = "\n".join(
+        f"| {k} | {ev['draft']['by_kind'][k]['anchors']} | {ev['draft']['by_kind'][k]['mean_acceptance_length']:.2f} | "
+        f"{ev['ngram']['by_kind'][k]['mean_acceptance_length']:.2f} |" for k in kinds if k in ev["ngram"]["by_kind"])
+    return f"""# {kind.upper()} drafter for SmolLM2-135M-Instruct
+
+A {cfg.num_layers}-layer block drafter (block size {cfg.block_size}, hidden {cfg.hidden_size},
+{cfg.num_heads}/{cfg.num_kv_heads} heads, intermediate {cfg.intermediate_size}) conditioned on the
+target's hidden states after layers {list(cfg.target_layer_ids)}, context window {cfg.context_window}
+positions{f", Markov head rank {cfg.markov_rank} and a confidence head" if kind == "dspark" else ""}.
+Only the draft layers are stored (bf16); the embeddings and LM head are the target's.
+
+Trained by `dhisparse train-drafter --kind {kind}` (`services/decoder/spec/training/`) on
+self-distillation data: the target's own greedy answers (chat template, at most 256 new tokens)
+to the built-in prompt set (chat / code / stdlib-doc prompts).
+
+- Data: {facts['train_sequences']} training sequences, {facts['train_answer_tokens']} answer tokens
+  ({facts['train_tokens']} tokens with prompts); held out by prompt source: {facts['heldout_sequences']} sequences.
+- Training: {facts['steps']} steps, {facts['train_minutes']:.1f} min on {facts['device']}
+  ({facts['drafted_positions_seen']} drafted positions seen); initialisation: {facts['init']}.
+
+## Held-out acceptance (greedy, block {cfg.block_size}, {ev['draft']['anchors']} answer anchors)
+
+Mean acceptance length = 1 + leading drafted tokens equal to the target's greedy continuation
+(tokens committed per verify step, bonus token included), on the same anchors for both drafters:
+
+| drafter | mean acceptance length |
+|---|---|
+{chr(10).join(rows)}
+
+| prompt kind | anchors | {kind} | n-gram |
+|---|---|---|---|
+{per_kind}
+"""
+
+
+def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
+    """Runs every stage; returns the training facts written into the checkpoint."""
+    if llm is None:
+        from services.decoder.engine.llm import LLM
+
+        llm = LLM(max_num_seqs=max(opts.concurrency, 1))
+    model = llm.engine.model
+    cfg = default_config(opts.kind, model.config, num_layers=opts.num_layers, block_size=opts.block_size,
+                         target_layers=opts.target_layers, intermediate_size=opts.intermediate_size,
+                         markov_rank=opts.markov_rank, context_window=opts.context_window)
+    data = prepare_data(llm, opts)
+    train, heldout = load_dataset(opts.data_dir, cfg.target_layer_ids, cfg.block_size)
+    log.info("data: %s; %d train / %d held-out sequences with anchors", data, len(train), len(heldout))
+    torch.manual_seed(opts.train.seed)
+    net = DraftNet(cfg)
+    init_trainable(net, opts.train.seed)
+    init = "random"
+    if opts.init_target:
+        init = f"target layers {init_from_target(net, model)}"
+    if opts.init_from is not None:
+        init = f"warm start from {opts.init_from} ({len(warm_start(net, opts.init_from))} tensors)"
+    log.info("initialisation: %s", init)
+    embed = model.embed_tokens.detach().float()
+    run_dir = opts.run_dir or opts.data_dir / "runs" / Path(opts.out).name
+    trainer = Trainer(net, embed, train, opts.train, run_dir, resume=opts.resume)
+    metrics = trainer.train(progress=opts.progress)
+    log.info("trained %d steps in %.1f min: %s", trainer.step, trainer.elapsed_s / 60, metrics)
+    with torch.no_grad():  # evaluate what is shipped: the bf16-rounded weights
+        for p in net.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    started = time.monotonic()
+    acceptance = evaluate(net, embed, heldout)
+    log.info("held-out acceptance (%.1f min): draft %.3f, n-gram %.3f over %d anchors", (time.monotonic() - started) / 60,
+             acceptance["draft"]["mean_acceptance_length"], acceptance["ngram"]["mean_acceptance_length"],
+             acceptance["draft"]["anchors"])
+    facts = {
+        "train_sequences": len(train), "heldout_sequences": len(heldout),
+        "train_tokens": sum(len(s.token_ids) for s in train),
+        "train_answer_tokens": sum(len(s.token_ids) - s.answer_start for s in train),
+        "steps": trainer.step, "train_minutes": round(trainer.elapsed_s / 60, 2),
+        "drafted_positions_seen": trainer.tokens_seen, "device": f"CPU ({torch.get_num_threads()} threads)",
+        "final_metrics": {k: round(v, 4) for k, v in metrics.items()},
+        "init_from": str(opts.init_from) if opts.init_from else None, "init": init,
+        "options": {k: v for k, v in asdict(opts.train).items()},
+        "heldout_acceptance": acceptance,
+    }
+    save_checkpoint(net, opts.out, dtype=torch.bfloat16, extra=facts)
+    (Path(opts.out) / "README.md").write_text(model_card(opts.kind, cfg, facts))
+    log.info("checkpoint written to %s", opts.out)
+    print(json.dumps({"out": str(opts.out), "heldout_acceptance": {k: v["mean_acceptance_length"] for k, v in acceptance.items()}}))
+    return facts

@@ -1,0 +1,240 @@
+"""The drafter training loop.
+
+Each step draws ``seqs_per_step`` training sequences and, in each, up to ``anchors_per_seq``
+anchors inside the answer (``a + block_size - 1 < T``); one ``DraftNet.sequence_blocks`` pass per
+sequence (the inference forward) gives the drafted positions' hidden states. Loss:
+
+- DFlash / DFlash2: cross-entropy of the base logits (target's frozen LM head) against the true
+  continuation, position ``k`` of the block weighted ``exp(-(k - 1) / decay)`` (early positions
+  decide acceptance);
+- DSpark: the same CE on the Markov-corrected logits (teacher-forced: the previous token is the
+  true one) plus ``bce_weight`` x BCE of the confidence head, whose target is whether the
+  position's greedy draft token equals the label (the head reads detached hidden states).
+
+AdamW, linear warmup then cosine decay to ``min_lr_ratio``, gradient clipping. The schedule's
+length is ``steps``, or with a time budget, estimated from the first ``calibrate_steps`` steps.
+Everything needed to continue (network, optimizer, step, schedule, elapsed time, sampling RNG)
+is saved atomically to ``<run_dir>/train_state.pt`` every ``save_every_s`` seconds and at the end;
+``Trainer(..., resume=True)`` continues from it exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from services.decoder.spec.dflash.model import DraftNet
+from services.decoder.spec.training.dataset import Sequence
+
+STATE_FILE = "train_state.pt"
+log = logging.getLogger("dhisparse.train_drafter")
+
+
+@dataclass
+class TrainOptions:
+    steps: int | None = None  # schedule length; None = from the time budget
+    minutes: float | None = None  # training time budget (cumulative over resumes)
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    warmup_steps: int = 30
+    calibrate_steps: int = 10
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 16
+    decay: float = 4.0  # position weight exp(-(k - 1) / decay)
+    bce_weight: float = 1.0
+    grad_clip: float = 1.0
+    save_every_s: float = 120.0
+    log_every_s: float = 60.0
+    seed: int = 0
+
+
+def position_weights(count: int, decay: float) -> torch.Tensor:
+    return torch.exp(-torch.arange(count, dtype=torch.float32) / decay)
+
+
+def init_trainable(net: DraftNet, seed: int = 0) -> None:
+    """Fresh-training initialisation of what ``DraftNet`` leaves at zero: a bilinear head whose
+    two codebooks are both zero never gets a gradient, so the predecessor codebook starts random
+    (the successor one stays zero: the head starts as a no-op)."""
+    gen = torch.Generator().manual_seed(seed)
+    for head in (net.markov_head, net.candidate_selector):
+        if head is not None:
+            with torch.no_grad():
+                head.predecessor_codebook.copy_(torch.randn(head.predecessor_codebook.shape, generator=gen))
+
+
+def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: torch.Tensor, options: TrainOptions) -> tuple[torch.Tensor, dict]:
+    """Loss of one sequence's anchors and its metrics (``ce``, ``acc1``: first-position top-1
+    accuracy, ``bce`` for DSpark)."""
+    size = net.cfg.block_size
+    offsets = torch.arange(1, size)
+    labels = seq.token_ids[anchors[:, None] + offsets]  # [N, P]
+    hidden = net.sequence_blocks(seq.features.to(embed.dtype), seq.token_ids, anchors, embed)  # [N, P, H]
+    logits = net.base_logits(hidden, embed)  # [N, P, V]
+    if net.markov_head is not None:
+        prev = seq.token_ids[anchors[:, None] + offsets - 1]  # teacher-forced previous tokens
+        logits = net.markov_head.logits(hidden, prev, logits)
+    weights = position_weights(size - 1, options.decay)
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
+    ce = (ce * weights).sum() / (weights.sum() * labels.shape[0])
+    with torch.no_grad():
+        top_logit, drafted = logits.max(dim=-1)
+        hit = (drafted == labels).float()
+    metrics = {"ce": float(ce.detach()), "acc1": float(hit[:, 0].mean())}
+    loss = ce
+    if net.confidence_head is not None:
+        top_prob = torch.exp(top_logit - torch.logsumexp(logits.detach(), dim=-1))
+        conf = net.confidence_head.logit(hidden.detach(), top_prob)
+        bce = F.binary_cross_entropy_with_logits(conf, hit)
+        metrics["bce"] = float(bce.detach())
+        loss = loss + options.bce_weight * bce
+    return loss, metrics
+
+
+class Trainer:
+    def __init__(self, net: DraftNet, embed: torch.Tensor, sequences: list[Sequence], options: TrainOptions,
+                 run_dir: str | Path, resume: bool = False):
+        size = net.cfg.block_size
+        self.sequences = [s for s in sequences if s.num_anchors(size) > 0]
+        if not self.sequences:
+            raise ValueError(f"no training sequence has an answer anchor for block_size={size}")
+        if options.steps is None and options.minutes is None:
+            raise ValueError("give the number of steps or a time budget in minutes")
+        self.net, self.embed, self.options = net, embed.detach(), options
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.optim = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=options.lr,
+                                       weight_decay=options.weight_decay, betas=(0.9, 0.95))
+        self.gen = torch.Generator().manual_seed(options.seed)
+        self.step = 0
+        self.total_steps = options.steps
+        self.elapsed_s = 0.0
+        self.tokens_seen = 0
+        self.last_metrics: dict = {}
+        if resume:
+            self._load_state()
+
+    # ---- state ------------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.run_dir / STATE_FILE
+
+    def save_state(self) -> None:
+        state = {"net": self.net.state_dict(), "optim": self.optim.state_dict(), "step": self.step,
+                 "total_steps": self.total_steps, "elapsed_s": self.elapsed_s, "tokens_seen": self.tokens_seen,
+                 "rng": self.gen.get_state(), "config": self.net.cfg.to_json(), "options": asdict(self.options),
+                 "last_metrics": self.last_metrics}
+        tmp = self.state_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.state_path)
+
+    def _load_state(self) -> None:
+        if not self.state_path.is_file():
+            raise FileNotFoundError(f"--resume: no training state at {self.state_path}")
+        state = torch.load(self.state_path, weights_only=False)
+        if state["config"] != self.net.cfg.to_json():
+            raise ValueError(f"{self.state_path}: saved for a different draft config; use another --out or drop --resume")
+        self.net.load_state_dict(state["net"])
+        self.optim.load_state_dict(state["optim"])
+        self.step, self.elapsed_s = state["step"], state["elapsed_s"]
+        self.total_steps = state["total_steps"] if self.options.steps is None else self.options.steps
+        self.tokens_seen = state["tokens_seen"]
+        self.gen.set_state(state["rng"])
+        self.last_metrics = state.get("last_metrics", {})
+
+    # ---- schedule ---------------------------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        opt = self.options
+        if step < opt.warmup_steps:
+            return opt.lr * (step + 1) / opt.warmup_steps
+        if self.total_steps is None:
+            return opt.lr
+        progress = min(1.0, (step - opt.warmup_steps) / max(1, self.total_steps - opt.warmup_steps))
+        return opt.lr * (opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def _budget_s(self) -> float | None:
+        return None if self.options.minutes is None else self.options.minutes * 60
+
+    def _finished(self) -> bool:
+        if self.total_steps is not None and self.step >= self.total_steps:
+            return True
+        budget = self._budget_s()
+        return budget is not None and self.elapsed_s >= budget
+
+    # ---- one step ---------------------------------------------------------------------------
+    def sample_batch(self) -> list[tuple[Sequence, torch.Tensor]]:
+        size = self.net.cfg.block_size
+        picks = torch.randint(len(self.sequences), (self.options.seqs_per_step,), generator=self.gen).tolist()
+        batch = []
+        for i in picks:
+            seq = self.sequences[i]
+            count = seq.num_anchors(size)
+            chosen = torch.randperm(count, generator=self.gen)[: self.options.anchors_per_seq]
+            batch.append((seq, torch.sort(chosen).values + max(seq.answer_start, 1)))
+        return batch
+
+    def train_step(self) -> dict:
+        lr = self.lr_at(self.step)
+        for group in self.optim.param_groups:
+            group["lr"] = lr
+        self.net.train()
+        self.optim.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        batch = self.sample_batch()
+        for seq, anchors in batch:
+            loss, metrics = sequence_loss(self.net, self.embed, seq, anchors, self.options)
+            (loss / len(batch)).backward()
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + value / len(batch)
+            self.tokens_seen += len(anchors) * (self.net.cfg.block_size - 1)
+        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.options.grad_clip)
+        self.optim.step()
+        self.step += 1
+        totals.update(lr=lr, grad_norm=float(norm))
+        self.last_metrics = totals
+        return totals
+
+    def train(self, progress: bool = True, stop_after: int | None = None) -> dict:
+        """Runs until the schedule or the time budget ends (or, for tests, ``stop_after`` more
+        steps), saving the state periodically and at the end. Returns the last metrics."""
+        opt = self.options
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", disable=not progress,
+                   dynamic_ncols=True)
+        last_save = last_log = time.monotonic()
+        calib_start = (self.step, self.elapsed_s)
+        done_now = 0
+        try:
+            while not self._finished() and (stop_after is None or done_now < stop_after):
+                started = time.monotonic()
+                metrics = self.train_step()
+                self.elapsed_s += time.monotonic() - started
+                done_now += 1
+                if self.total_steps is None and self.step - calib_start[0] >= opt.calibrate_steps:
+                    per_step = (self.elapsed_s - calib_start[1]) / (self.step - calib_start[0])
+                    self.total_steps = max(self.step + 1, int(self._budget_s() / per_step))
+                    bar.reset(total=self.total_steps)
+                    bar.update(self.step)
+                else:
+                    bar.update(1)
+                bar.set_postfix({k: f"{v:.3g}" for k, v in metrics.items() if k in ("ce", "acc1", "bce", "lr")})
+                if time.monotonic() - last_log >= opt.log_every_s:
+                    last_log = time.monotonic()
+                    eta = (self.total_steps - self.step) * self.elapsed_s / max(self.step, 1) if self.total_steps else float("nan")
+                    log.info("step %d/%s %s eta %.1f min", self.step, self.total_steps,
+                             " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), eta / 60)
+                if time.monotonic() - last_save >= opt.save_every_s:
+                    self.save_state()
+                    last_save = time.monotonic()
+        finally:
+            bar.close()
+            self.save_state()
+        return self.last_metrics

@@ -1,0 +1,213 @@
+"""Drafter training (``services/decoder/spec/training``): a tiny end-to-end run on real target
+weights, overfitting, exact resume, checkpoint round trip, and the acceptance evaluator."""
+
+import json
+
+import pytest
+import torch
+
+from dhisparse import LLM
+from services.decoder.spec.dflash.checkpoint import load_checkpoint
+from services.decoder.spec.dflash.model import DraftNet
+from services.decoder.spec.training.dataset import Sequence, load_dataset
+from services.decoder.spec.training.distill import RecordWriter, distill, read_records
+from services.decoder.spec.training.evaluate import (
+    acceptance_lengths,
+    draft_acceptance,
+    eval_anchors,
+    ngram_acceptance,
+)
+from services.decoder.spec.training.features import (
+    FeatureStore,
+    extract_features,
+    load_features,
+)
+from services.decoder.spec.training.pipeline import (
+    PipelineOptions,
+    default_config,
+    run_pipeline,
+)
+from services.decoder.spec.training.prompts import build_prompts
+from services.decoder.spec.training.target_init import init_from_target
+from services.decoder.spec.training.trainer import (
+    Trainer,
+    TrainOptions,
+    init_trainable,
+    sequence_loss,
+)
+
+TINY = {"num_layers": 1, "intermediate_size": 128, "block_size": 8, "target_layers": (3, 20)}
+
+
+def tiny_options(tmp, kind="dflash", **train):
+    train = {"steps": 3, "seqs_per_step": 2, "anchors_per_seq": 4, "warmup_steps": 1, **train}
+    return PipelineOptions(kind=kind, out=tmp / f"out-{kind}", data_dir=tmp / "data", distill_minutes=0, progress=False,
+                           num_layers=1, intermediate_size=128, block_size=8, target_layers=(3, 20),
+                           train=TrainOptions(**train))
+
+
+@pytest.fixture(scope="module")
+def llm(loaded_model):
+    return LLM(loaded=loaded_model, max_num_seqs=4)
+
+
+@pytest.fixture(scope="module")
+def trained(llm, tmp_path_factory):
+    """Three training prompts and one held-out prompt distilled (24 new tokens, features captured
+    on the way), then the whole pipeline from the cache: 3 steps of a 1-layer DFlash,
+    evaluation, checkpoint."""
+    tmp = tmp_path_factory.mktemp("train")
+    chat = [p for p in build_prompts(600) if p.kind == "chat"]
+    prompts = [p for p in chat if p.split == "train"][:3] + [p for p in chat if p.split == "heldout"][:1]
+    assert len(prompts) == 4
+    opts = tiny_options(tmp)
+    store = FeatureStore(opts.data_dir, opts.target_layers)
+    stats = distill(llm, prompts, opts.data_dir, concurrency=4, max_new_tokens=24, progress=False, features=store)
+    assert stats["prompts"] == 4 and len(store.index["sequences"]) == 4
+    facts = run_pipeline(opts, llm=llm)
+    return tmp, opts, facts
+
+
+def test_distill_cache_is_resumable(llm, trained):
+    _tmp, opts, _ = trained
+    records = read_records(opts.data_dir)
+    assert len(records) == 4 and {r.split for r in records} == {"train", "heldout"}
+    assert all(0 < len(r.answer_ids) <= 24 and r.prompt_ids for r in records)
+    prompts = [p for p in build_prompts(600) if p.key in {r.key for r in records}]
+    again = distill(llm, prompts, opts.data_dir, concurrency=4, max_new_tokens=24, progress=False)
+    assert again == {"prompts": 0, "answer_tokens": 0, "skipped": 4}
+    # a torn last line (killed writer) is ignored, then cut off by the next writer
+    path = opts.data_dir / "distill.jsonl"
+    path.write_bytes(path.read_bytes() + b'{"key": "torn')
+    assert len(read_records(opts.data_dir)) == 4
+    RecordWriter(opts.data_dir).close()
+    assert path.read_bytes().endswith(b"\n") and len(read_records(opts.data_dir)) == 4
+
+
+def test_captured_features_equal_a_dense_prefill(llm, trained, tmp_path):
+    _, opts, _ = trained
+    records = read_records(opts.data_dir)[:2]
+    stats = extract_features(llm.engine.model, records, tmp_path, opts.target_layers, progress=False)
+    assert stats["sequences"] == 2
+    captured = load_features(opts.data_dir, opts.target_layers)
+    dense = load_features(tmp_path, opts.target_layers)
+    for r in records:
+        end = len(r.token_ids) - 2  # the engine never computes the last two positions' states
+        assert captured[r.key].shape == dense[r.key].shape == (len(r.token_ids), 2 * 576)
+        torch.testing.assert_close(captured[r.key][:end].float(), dense[r.key][:end].float(), rtol=1e-2, atol=2e-2)
+    assert extract_features(llm.engine.model, records, tmp_path, opts.target_layers, progress=False)["sequences"] == 0
+
+
+def test_prompt_set_is_deterministic_with_a_fixed_split():
+    first, second = build_prompts(300), build_prompts(300)
+    assert [p.text for p in first] == [p.text for p in second]
+    assert [p.key for p in build_prompts(100)] == [p.key for p in first[:100]]
+    assert {p.kind for p in first} == {"chat", "code", "doc"}
+    train_groups = {p.group for p in first if p.split == "train"}
+    assert not train_groups & {p.group for p in first if p.split == "heldout"}
+
+
+def test_pipeline_writes_a_loadable_checkpoint_that_proposes_identically(llm, trained):
+    _tmp, opts, facts = trained
+    raw = json.loads((opts.out / "config.json").read_text())
+    assert raw["dhisparse"]["steps"] == 3 and raw["dflash_config"]["block_size"] == 8
+    assert (opts.out / "README.md").read_text().startswith("# DFLASH drafter")
+    assert not list(opts.out.glob("*.pt")), "training state stays out of the checkpoint folder"
+    net = load_checkpoint(opts.out)
+    embed = llm.engine.model.embed_tokens.float()
+    _, heldout = load_dataset(opts.data_dir, net.cfg.target_layer_ids, net.cfg.block_size)
+    again = draft_acceptance(net, embed, heldout)
+    assert again == facts["heldout_acceptance"]["draft"]
+    assert 1.0 <= again["mean_acceptance_length"] <= 8.0 and again["anchors"] > 0
+
+
+def test_loss_decreases_on_a_fixed_batch(llm, trained):
+    _tmp, opts, _ = trained
+    train, _ = load_dataset(opts.data_dir, opts.target_layers, 8)
+    cfg = default_config("dflash", llm.engine.model.config, **TINY)
+    torch.manual_seed(0)
+    net = DraftNet(cfg)
+    embed = llm.engine.model.embed_tokens.float()
+    seq = train[0]
+    anchors = torch.arange(seq.answer_start, seq.answer_start + 6)
+    options = TrainOptions(steps=20)
+    optim = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        optim.zero_grad()
+        loss, _ = sequence_loss(net, embed, seq, anchors, options)
+        loss.backward()
+        optim.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_resume_continues_from_the_saved_step_with_identical_state(llm, trained, tmp_path):
+    _, opts, _ = trained
+    train, _ = load_dataset(opts.data_dir, opts.target_layers, 8)
+    cfg = default_config("dspark", llm.engine.model.config, **TINY, markov_rank=8)
+    embed = llm.engine.model.embed_tokens.float()
+    options = TrainOptions(steps=4, seqs_per_step=2, anchors_per_seq=3, warmup_steps=2)
+
+    def fresh():
+        torch.manual_seed(1)
+        net = DraftNet(cfg)
+        init_trainable(net, 1)
+        return net
+
+    straight = Trainer(fresh(), embed, train, options, tmp_path / "a")
+    straight.train(progress=False)
+    interrupted = Trainer(fresh(), embed, train, options, tmp_path / "b")
+    interrupted.train(progress=False, stop_after=2)
+    assert torch.load(tmp_path / "b" / "train_state.pt", weights_only=False)["step"] == 2
+    resumed = Trainer(fresh(), embed, train, options, tmp_path / "b", resume=True)
+    assert resumed.step == 2
+    metrics = resumed.train(progress=False)
+    assert resumed.step == straight.step == 4 and "bce" in metrics
+    for (name, a), b in zip(straight.net.state_dict().items(), resumed.net.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert straight.gen.get_state().equal(resumed.gen.get_state())
+
+
+def test_dspark_warm_starts_from_the_dflash_checkpoint(llm, trained):
+    tmp, dflash_opts, _ = trained
+    opts = tiny_options(tmp, kind="dspark", steps=1)
+    opts.init_from = dflash_opts.out
+    facts = run_pipeline(opts, llm=llm)
+    net = load_checkpoint(opts.out)
+    assert net.cfg.kind == "dspark" and net.markov_head is not None and net.confidence_head is not None
+    assert facts["init_from"] == str(dflash_opts.out)
+
+
+def test_acceptance_length_of_hand_made_drafts():
+    truth = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    drafts = torch.tensor([[1, 2, 3], [1, 9, 3], [9, 2, 3], [1, 2, -1]])
+    assert acceptance_lengths(drafts, truth).tolist() == [4, 2, 1, 3]
+    assert eval_anchors(9, 4, 3).tolist() == [4, 5, 6]
+    assert eval_anchors(9, 0, 3).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_ngram_acceptance_on_a_hand_made_sequence():
+    # anchors 4, 5, 6 (block 3: two drafted tokens each). Prompt lookup proposes [11, 12] at 4
+    # (truth 11, 12: 3), [12, 13] at 5 (truth 12, 14: 2), [13, 10] at 6 (truth 14, 15: 1).
+    ids = torch.tensor([10, 11, 12, 13, 10, 11, 12, 14, 15])
+    seq = Sequence("s", "chat", "heldout", ids, torch.zeros(9, 4), answer_start=4)
+    out = ngram_acceptance([seq], block_size=3)
+    assert out["anchors"] == 3
+    assert out["mean_acceptance_length"] == pytest.approx(2.0)
+    assert out["by_kind"]["chat"]["mean_acceptance_length"] == pytest.approx(2.0)
+
+
+def test_draft_layers_start_as_copies_of_the_target_top_layers(llm):
+    model = llm.engine.model
+    cfg = default_config("dflash", model.config, num_layers=2, intermediate_size=1536, target_layers=(3, 20))
+    net = DraftNet(cfg)
+    assert init_from_target(net, model) == [28, 29]
+    top = model.layers[29]
+    torch.testing.assert_close(net.layers[1].mlp.down_proj.weight, top.down.weight.float())
+    torch.testing.assert_close(net.layers[1].self_attn.v_proj.weight, top.qkv.weight.float()[-192:])
+    torch.testing.assert_close(net.norm.weight, model.final_norm.float())
+    features = torch.randn(5, 2 * 576)
+    torch.testing.assert_close(net.fc(features), features[:, 576:])  # the deepest feature layer (20)
+    with pytest.raises(ValueError, match="intermediate_size=1536"):
+        init_from_target(DraftNet(default_config("dflash", model.config, **TINY)), model)
