@@ -4,14 +4,18 @@
 Arrivals: all at once (``--request-rate inf``, the default, closed loop at ``--concurrency``),
 Poisson or fixed-rate. Prompt sets: ``short_chat`` and ``long_doc``. Reports TTFT / TPOT / ITL
 p50/p90/p99, output tokens/s, goodput under a TTFT/TPOT SLO, and the gateway-overhead ratio
-(stack tokens/s over in-process tokens/s at the same concurrency; target >= 0.95). Writes
-``results/<date>-<machine>/serve.json`` and ``serve.png``.
+(stack tokens/s over in-process tokens/s at the same concurrency; target >= 0.95). The in-process
+baseline runs the stack decoder's engine the way the decoder does (same settings, same kvtier host
+tier, engine on its own thread: ``benchmarks/serve/inprocess.py``), while the started stack idles;
+the load average before each phase is recorded (2 shared cores: a busy machine skews the ratio).
+Writes ``results/<date>-<machine>/serve-<dataset>.json`` and ``.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
@@ -27,14 +31,6 @@ def run(args: argparse.Namespace) -> dict:
     offsets = arrival_offsets_s(len(prompts), args.request_rate, args.arrival, args.seed)
     result = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "machine": machine_info()}
-    if args.compare_in_process:
-        from benchmarks.serve.inprocess import in_process_baseline
-        from services.decoder.config import DecoderConfig
-
-        fields = {"num_threads": args.threads} if args.threads else {}
-        result["in_process"] = in_process_baseline(prompts, args.max_tokens, args.concurrency, DecoderConfig(**fields))
-        print(f"in-process engine: {result['in_process']['output_tokens_per_s']:.1f} output tok/s")
-
     stack = None
     base_url = args.url
     if base_url is None:
@@ -45,8 +41,13 @@ def run(args: argparse.Namespace) -> dict:
                                         kvtier_pool_gib=0.25, decoder_args=decoder_args)).start()
         base_url = stack.url
     try:
+        if args.compare_in_process:
+            result["load_avg_1min"] = {"in_process": os.getloadavg()[0]}
+            result["in_process"] = _in_process(args, prompts, stack)
+            print(f"in-process engine: {result['in_process']['output_tokens_per_s']:.1f} output tok/s")
         warm = build_prompts("short_chat", args.concurrency, seed=args.seed)
         asyncio.run(run_load(base_url, args.model, warm, [0.0] * len(warm), 4, args.concurrency, args.api_key))
+        result.setdefault("load_avg_1min", {})["stack"] = os.getloadavg()[0]
         records, duration_s = asyncio.run(run_load(base_url, args.model, prompts, offsets, args.max_tokens,
                                                    args.concurrency, args.api_key))
     finally:
@@ -65,6 +66,19 @@ def run(args: argparse.Namespace) -> dict:
     _plot(result, out_dir / f"{name}.png")
     print(f"wrote {out_dir / name}.json")
     return result
+
+
+def _in_process(args: argparse.Namespace, prompts: list[list[dict]], stack) -> dict:
+    """The baseline with the stack decoder's engine settings: its thread count and, when the local
+    stack runs kvtier, a host tier on that same kvtier (while the stack idles)."""
+    from benchmarks.serve.inprocess import in_process_baseline
+    from services.decoder.config import DecoderConfig
+
+    fields = {"num_threads": args.threads} if args.threads else {}
+    if stack is not None and stack.run_kvtier:
+        fields.update(kvtier_address=f"{stack.options.host}:{stack.options.kvtier_port}",
+                      decoder_id=f"bench-inprocess-{stack.options.instance}", internal_token=stack.internal_token)
+    return in_process_baseline(prompts, args.max_tokens, args.concurrency, DecoderConfig(**fields))
 
 
 def _plot(result: dict, path: Path) -> None:

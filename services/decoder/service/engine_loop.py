@@ -13,6 +13,13 @@ talk to it through a command queue:
 
 The loop sleeps on the command queue while the engine is idle and wakes on the next command.
 ``stats()`` returns a snapshot taken after every step, safe to read from any thread.
+
+On CPU the engine's own thread also sets its OpenMP regime: the decoder loads the model on the
+main thread and steps it here, so the process has two OpenMP masters, more OpenMP threads than a
+small machine has cores, and libgomp (torch's OpenMP) throttles its spin-waiting between parallel
+regions. A process that steps on its only master spins instead (~300k iterations): much faster
+while it has the cores to itself, but it collapses once anything else wants one (through the
+stack on 2 shared cores: 3.7 tok/s spinning vs 81 throttled, 2026-11-30). Keep stepping here.
 """
 
 from __future__ import annotations
