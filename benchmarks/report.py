@@ -116,6 +116,7 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "spec": ("spec.json", _spec),
     "verify budget": ("verify_budget/spec.json", _spec),
     "drafters": ("spec_drafters.json", _spec),
+    "drafters, long documents": ("spec_drafters_longdoc.json", _spec),
     "transfer": ("transfer.json", _transfer),
     "residency": ("residency.json", _residency),
     "serve": ("serve-short_chat.json", _serve),

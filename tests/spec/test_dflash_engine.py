@@ -7,7 +7,6 @@ import torch
 from dhisparse import LLM, SamplingParams
 from services.decoder.spec.drafter import Draft
 from tests.spec.dflash_fixtures import write_random_checkpoint
-from tests.spec.test_spec_engine import prompts  # noqa: F401 (fixture)
 
 PARAMS = SamplingParams(max_tokens=32, ignore_eos=True)
 

@@ -166,3 +166,43 @@ def test_a_checkpoint_for_another_target_or_kind_is_refused(tmp_path, loaded_mod
     write_random_checkpoint(tmp_path / "plain", kind="dflash")
     with pytest.raises(DraftCheckpointError, match="holds a dflash drafter, not dspark"):
         LLM(loaded=loaded_model, spec="dspark", draft_model=str(tmp_path / "plain"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_draft_vocabulary_that_holds_the_picks_drafts_the_same_tokens(kind):
+    """Restricting the head to a subset of token ids changes nothing when the subset holds what
+    the full head picks (and the Markov/selector scores, which see real token ids)."""
+    cfg = small_config(kind)
+    net = random_net(cfg, seed=8)
+    torch.manual_seed(9)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    features = torch.randn(12, cfg.feature_size)
+    ids = torch.randint(0, 49, (12,))
+    anchors = torch.tensor([4, 10])
+    with torch.no_grad():
+        hidden = net.sequence_blocks(features, ids, anchors, embed)
+        full, _ = net.choose(hidden, ids[anchors], embed)
+        everything = torch.randperm(cfg.vocab_size)
+        assert torch.equal(net.choose(hidden, ids[anchors], embed[everything], everything)[0], full)
+        if kind == "dflash":  # argmax drafts: any subset holding the picks gives them
+            keep = torch.unique(torch.cat([full.flatten(), torch.tensor([0, 7, 30])]))
+            assert torch.equal(net.choose(hidden, ids[anchors], embed[keep], keep)[0], full)
+        drop = torch.tensor([t for t in range(cfg.vocab_size) if t != int(full[0, 0])])
+        restricted, _ = net.choose(hidden, ids[anchors], embed[drop], drop)
+        assert int(restricted[0, 0]) != int(full[0, 0]) and set(restricted.flatten().tolist()) <= set(drop.tolist())
+
+
+def test_draft_vocabulary_files_are_checked(tmp_path):
+    from services.decoder.spec.dflash.checkpoint import (
+        read_draft_vocab,
+        write_draft_vocab,
+    )
+
+    assert read_draft_vocab(tmp_path, 50) is None
+    write_draft_vocab(tmp_path, [3, 1, 2])
+    assert read_draft_vocab(tmp_path, 50).tolist() == [3, 1, 2]
+    for bad in ([], [1, 1], [50], ["a"]):
+        write_draft_vocab(tmp_path, bad) if all(isinstance(t, int) for t in bad) else \
+            (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": bad}))
+        with pytest.raises(DraftCheckpointError, match="token_ids"):
+            read_draft_vocab(tmp_path, 50)

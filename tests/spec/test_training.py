@@ -211,3 +211,13 @@ def test_draft_layers_start_as_copies_of_the_target_top_layers(llm):
     torch.testing.assert_close(net.fc(features), features[:, 576:])  # the deepest feature layer (20)
     with pytest.raises(ValueError, match="intermediate_size=1536"):
         init_from_target(DraftNet(default_config("dflash", model.config, **TINY)), model)
+
+
+def test_the_draft_vocabulary_is_seen_tokens_by_frequency_then_low_ids():
+    from services.decoder.spec.training.draft_vocab import draft_vocabulary
+
+    seqs = [[9, 5, 9, 7], [5, 9]]
+    assert draft_vocabulary(seqs, 6, 20) == [9, 5, 7, 0, 1, 2]
+    assert draft_vocabulary(seqs, 2, 20) == [9, 5]
+    with pytest.raises(ValueError, match="size"):
+        draft_vocabulary(seqs, 21, 20)

@@ -15,7 +15,10 @@ from services.decoder.config import DecoderConfig
 from services.decoder.engine.host_allocator import keep_freed_memory_in_heap
 from services.decoder.engine.model_runner import ModelRunner
 from services.decoder.engine.request import Request, RequestStatus, Residency
-from services.decoder.engine.residency_controller import ResidencyController, ResidencySettings
+from services.decoder.engine.residency_controller import (
+    ResidencyController,
+    ResidencySettings,
+)
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.engine.scheduler import Scheduler
 from services.decoder.engine.speculation import Speculator, build_drafter
@@ -29,6 +32,7 @@ from services.decoder.model.attention import SparseParams
 from services.decoder.model.llama import LlamaModel
 from services.decoder.model.loader import LoadedModel, load_model
 from services.decoder.model.model_store import resolve_model_path
+from services.decoder.spec.drafter import Drafter
 from services.rpc.auth import InternalSecurity
 
 
@@ -102,14 +106,19 @@ class Engine:
                                   KvLayout.of_hot_pool(self.pool), security=InternalSecurity.of(self.config))
             self.host_tier = HostTier(client, self.pool, resumable=self.config.resumable_requests)
             self.runner.attach_host_tier(self.host_tier)
+        self.speculator: Speculator | None = None
         drafter = build_drafter(self.config, self.model)
-        self.speculator = None if drafter is None else Speculator(drafter, self.config.spec_tokens)
-        if drafter is not None:
-            self.runner.capture_layers = drafter.feature_layers
+        self.attach_drafter(drafter, self.config.spec_tokens)
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         if drafter is not None and self.config.verify_budget == "adaptive":
             self.speculator.step_costs, self.speculator.fetch_s_per_page_layer = profile_engine(self)
+
+    def attach_drafter(self, drafter: Drafter | None, spec_tokens: int) -> None:
+        """Installs (or with None removes) the drafter, and has the runner capture the target
+        layers it conditions on. Drafter training's feature recorder attaches itself this way."""
+        self.speculator = None if drafter is None else Speculator(drafter, spec_tokens)
+        self.runner.capture_layers = () if drafter is None else drafter.feature_layers
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> str:
@@ -120,12 +129,14 @@ class Engine:
         return request.request_id
 
     def resume_request(self, request_id: str, prompt_ids: list[int], output_ids: list[int],
-                       params: SamplingParams) -> str:
+                       params: SamplingParams, num_streamed_chars: int | None = None) -> str:
         """Continues a request another decoder (or this one before a restart) left in kvtier:
         claims its host pages, copies its committed pages back instead of recomputing them and
         goes on after ``output_ids`` (the tokens already delivered; they count towards
-        ``max_tokens`` and are not streamed again). Raises ``InvalidRequestError`` (nothing
-        changed) without a host tier or if the request is unknown to kvtier."""
+        ``max_tokens`` and are not streamed again; ``num_streamed_chars``: how much of their text
+        the client got, when some was held back as a possible stop string). Raises
+        ``InvalidRequestError`` (nothing changed) without a host tier or if the request is unknown
+        to kvtier."""
         if self.host_tier is None:
             raise InvalidRequestError("resuming needs a kvtier host tier (kvtier_address)")
         request = self._new_request(prompt_ids, params, request_id)
@@ -134,6 +145,8 @@ class Engine:
             if request.stop_checker.append(int(token_id)) is not None or request.num_tokens >= request.max_total_len:
                 raise InvalidRequestError(f"request {request_id!r} already finished within its output tokens")
         request.stop_checker.take_stream_delta(finished=False)  # delivered before: not streamed again
+        if num_streamed_chars is not None:
+            request.stop_checker.num_streamed_chars = min(num_streamed_chars, len(request.stop_checker.text))
         try:
             pages = self.host_tier.claim(request_id)
         except KvtierClientError as exc:
@@ -185,6 +198,26 @@ class Engine:
         if request is None or request.is_finished:
             return False
         self._finish(request, "abort")
+        return True
+
+    def hand_off(self, request_id: str) -> bool:
+        """Stops a running request without freeing its kvtier pages, so that a decoder can
+        ``resume_request`` it (a drain hand-off): its hot slots are freed, its committed host pages
+        stay (the pending commit goes with the next kvtier call). The request ends with
+        finish_reason "handoff". Returns False (nothing changed) without a host tier, or if the
+        request is unknown, done or has no output yet (nothing to resume: abort it instead)."""
+        request = self.requests.get(request_id)
+        if self.host_tier is None or request is None or request.is_finished or not request.output_ids:
+            return False
+        self.scheduler.remove(request)
+        if self.speculator is not None:
+            self.speculator.release(request)
+        self.runner.release_digest_rows(request)
+        self.host_tier.host_pages.pop(request_id, None)  # kvtier keeps them; a pending commit is still sent
+        self.host_tier.num_sealed.pop(request_id, None)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = "handoff"
+        request.stats.finished_s = time.perf_counter()
         return True
 
     def pop_finished(self, request_id: str) -> Request:

@@ -17,6 +17,7 @@ from services.decoder.spec.dflash.model import DraftNet
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+VOCAB_FILE = "draft_vocab.json"  # optional: the token ids drafts are drawn from (our addition)
 
 
 def save_checkpoint(net: DraftNet, directory: str | Path, dtype: torch.dtype | None = None, extra: dict | None = None) -> Path:
@@ -69,3 +70,27 @@ def load_checkpoint(directory: str | Path, dtype: torch.dtype = torch.float32) -
             raise DraftCheckpointError(f"{path}: {name} holds non-finite values")
     net.load_state_dict({name: t.to(dtype) for name, t in tensors.items()})
     return net.to(dtype).eval()
+
+
+def write_draft_vocab(directory: str | Path, token_ids: list[int]) -> Path:
+    """Stores the draft vocabulary: drafts are then drawn from these ids only (a head of
+    ``len(token_ids)`` rows instead of the whole vocabulary; verification is unaffected)."""
+    path = Path(directory) / VOCAB_FILE
+    path.write_text(json.dumps({"token_ids": [int(t) for t in token_ids]}) + "\n")
+    return path
+
+
+def read_draft_vocab(directory: str | Path, vocab_size: int) -> torch.Tensor | None:
+    """``[N]`` int64 token ids, or None when the checkpoint drafts over the whole vocabulary."""
+    path = Path(directory) / VOCAB_FILE
+    if not path.is_file():
+        return None
+    try:
+        ids = json.loads(path.read_text())["token_ids"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise DraftCheckpointError(f"{path}: want {{\"token_ids\": [...]}} ({exc!r})") from None
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids):
+        raise DraftCheckpointError(f"{path}: token_ids must be a non-empty list of ids in [0, {vocab_size})")
+    if len(set(ids)) != len(ids):
+        raise DraftCheckpointError(f"{path}: token_ids repeat an id")
+    return torch.tensor(ids, dtype=torch.int64)

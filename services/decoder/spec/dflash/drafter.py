@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from services.decoder.spec.dflash.checkpoint import load_checkpoint
+from services.decoder.spec.dflash.checkpoint import load_checkpoint, read_draft_vocab
 from services.decoder.spec.dflash.config import DraftCheckpointError
 from services.decoder.spec.dflash.model import DraftContext, DraftNet
 from services.decoder.spec.drafter import Draft, Drafter, DraftRequest
@@ -31,13 +31,15 @@ def shipped_checkpoint(kind: str) -> Path:
 
 
 class DFlashDrafter(Drafter):
-    def __init__(self, net: DraftNet, embed: torch.Tensor, lm_head: torch.Tensor):
-        """``embed: [V, H]`` and ``lm_head: [V, H]``: the target's (shared, not copied)."""
+    def __init__(self, net: DraftNet, embed: torch.Tensor, lm_head: torch.Tensor, vocab: torch.Tensor | None = None):
+        """``embed: [V, H]`` and ``lm_head: [V, H]``: the target's (shared, not copied). With a
+        draft vocabulary ``vocab: [N]`` the drafter keeps a copy of just those head rows."""
         self.net = net
         self.cfg = net.cfg
         self.name = net.cfg.kind
         self.embed = embed
-        self.lm_head = lm_head
+        self.vocab = vocab
+        self.lm_head = lm_head if vocab is None else lm_head[vocab].contiguous()
         self.feature_layers = tuple(net.cfg.target_layer_ids)
         self.dtype = net.fc.weight.dtype
         self.contexts: dict[str, DraftContext] = {}
@@ -50,7 +52,7 @@ class DFlashDrafter(Drafter):
             raise DraftCheckpointError(f"{directory} holds a {kind} drafter, not {expected_kind}")
         cfg = target.config
         net.cfg.check_target(cfg.num_layers, cfg.hidden_size, cfg.vocab_size)
-        return cls(net, target.embed_tokens, target.lm_head.weight)
+        return cls(net, target.embed_tokens, target.lm_head.weight, read_draft_vocab(directory, cfg.vocab_size))
 
     @property
     def max_draft_tokens(self) -> int:
@@ -84,7 +86,7 @@ class DFlashDrafter(Drafter):
         anchor_ids = torch.tensor([requests[i].token_ids[-1] for i in rows], dtype=torch.int64)
         x = self.net.block_embeddings(anchor_ids, self.embed)
         hidden = self.net.blocks_hidden(x, anchors[:, None] + torch.arange(size), ctx_kv, mask)
-        tokens, confidences = self.net.choose(hidden, anchor_ids, self.lm_head)
+        tokens, confidences = self.net.choose(hidden, anchor_ids, self.lm_head, self.vocab)
         for row, i in enumerate(rows):
             n = min(requests[i].max_tokens, size - 1)
             drafts[i] = Draft(tokens[row, :n].tolist(), None if confidences is None else confidences[row, :n].tolist())

@@ -38,18 +38,23 @@ class CandidateSelector(LowRankTransition):
         super().__init__(vocab_size, hidden_size, rank)
         self.top_k = top_k
 
-    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
-        """Greedy path: returns ``[B, P]`` token ids."""
-        unary, candidates = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1)  # [B, P, K]
+    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
+               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy path over ``logits: [B, P, N]`` (``N`` = V, or the ids in ``vocab``): returns
+        token ids ``[B, P]`` and their probabilities under ``softmax(logits)``."""
+        unary, local = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1)  # [B, P, K]
+        candidates = local if vocab is None else vocab[local]
         prev = anchor_ids
-        path = []
+        path, picks = [], []
         for pos in range(hidden.shape[1]):
             query = self.query(prev, hidden[:, pos])  # [B, rank]
             pairwise = torch.einsum("br,bkr->bk", query, self.successor_codebook[candidates[:, pos]])
             pick = torch.argmax(unary[:, pos] + pairwise, dim=-1)  # [B]
             prev = candidates[:, pos].gather(1, pick[:, None])[:, 0]
             path.append(prev)
-        return torch.stack(path, dim=1)
+            picks.append(local[:, pos].gather(1, pick[:, None])[:, 0])
+        top_prob = torch.softmax(logits, dim=-1).gather(-1, torch.stack(picks, dim=1)[..., None])[..., 0]
+        return torch.stack(path, dim=1), top_prob
 
 
 class MarkovHead(LowRankTransition):
@@ -58,15 +63,19 @@ class MarkovHead(LowRankTransition):
         ``prev: [...]``, ``base_logits: [..., V]`` -> ``[..., V]``."""
         return base_logits + self.query(prev, hidden) @ self.successor_codebook.T
 
-    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy left to right; returns ``tokens: [B, P]`` and the picked tokens' probabilities
-        under the Markov-corrected distribution ``[B, P]``."""
+    def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
+               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy left to right over ``logits: [B, P, N]`` (``N`` = V, or the ids in ``vocab``);
+        returns ``tokens: [B, P]`` and the picked tokens' probabilities under the
+        Markov-corrected distribution ``[B, P]``."""
+        successors = self.successor_codebook if vocab is None else self.successor_codebook[vocab]  # [N, rank]
         prev = anchor_ids
         tokens, probs = [], []
         for pos in range(hidden.shape[1]):
-            scores = self.logits(hidden[:, pos], prev, logits[:, pos])  # [B, V]
-            top_logit, prev = scores.max(dim=-1)
+            scores = logits[:, pos] + self.query(prev, hidden[:, pos]) @ successors.T  # [B, N]
+            top_logit, pick = scores.max(dim=-1)
             probs.append(torch.exp(top_logit - torch.logsumexp(scores, dim=-1)))
+            prev = pick if vocab is None else vocab[pick]
             tokens.append(prev)
         return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 

@@ -19,7 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.decoder.spec.dflash.config import DraftConfig
-from services.decoder.spec.dflash.heads import CandidateSelector, ConfidenceHead, MarkovHead
+from services.decoder.spec.dflash.heads import (
+    CandidateSelector,
+    ConfidenceHead,
+    MarkovHead,
+)
 from services.decoder.spec.dflash.layers import DraftLayer, RMSNorm, rope_tables
 
 
@@ -72,17 +76,20 @@ class DraftNet(nn.Module):
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    def choose(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def choose(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head: torch.Tensor,
+               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden: [B, P, H]`` -> draft tokens ``[B, P]`` and, with a confidence head, the
-        per-position survival probabilities ``[B, P]`` (else None)."""
-        logits = self.base_logits(hidden, lm_head)
+        per-position survival probabilities ``[B, P]`` (else None). With ``vocab: [N]`` token
+        ids, drafts come from those tokens only and ``lm_head`` holds just their rows
+        (``[N, H]``): a smaller head matmul per drafted position; verification stays exact."""
+        logits = self.base_logits(hidden, lm_head)  # [B, P, N]
         if self.markov_head is not None:
-            tokens, top_prob = self.markov_head.select(hidden, logits, anchor_ids)
+            tokens, top_prob = self.markov_head.select(hidden, logits, anchor_ids, vocab)
         elif self.candidate_selector is not None:
-            tokens = self.candidate_selector.select(hidden, logits, anchor_ids)
-            top_prob = torch.softmax(logits, dim=-1).gather(-1, tokens[..., None])[..., 0]
+            tokens, top_prob = self.candidate_selector.select(hidden, logits, anchor_ids, vocab)
         else:
-            top_logit, tokens = logits.max(dim=-1)
+            top_logit, local = logits.max(dim=-1)
+            tokens = local if vocab is None else vocab[local]
             top_prob = torch.exp(top_logit - torch.logsumexp(logits, dim=-1))
         if self.confidence_head is None:
             return tokens, None

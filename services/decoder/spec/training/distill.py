@@ -149,12 +149,9 @@ def add_text_files(data_dir: str | Path, paths: Iterable[str | Path], encode, ch
 def _attach_recorder(engine, recorder: FeatureRecorder) -> None:
     """Installs the recorder as the engine's drafter (speculation with empty drafts is plain
     decoding) and makes the runner capture its layers."""
-    from services.decoder.engine.speculation import Speculator
-
-    if getattr(engine, "speculator", "missing") is not None:
+    if engine.speculator is not None:
         raise ValueError("distillation with feature capture needs an engine without speculation (spec='none')")
-    engine.speculator = Speculator(recorder, spec_tokens=1)
-    engine.runner.capture_layers = recorder.feature_layers
+    engine.attach_drafter(recorder, spec_tokens=1)
 
 
 def distill(llm, prompts: list[Prompt], data_dir: str | Path, *, concurrency: int = 16,
@@ -212,7 +209,7 @@ def distill(llm, prompts: list[Prompt], data_dir: str | Path, *, concurrency: in
         for request_id in in_flight:
             engine.abort(request_id)
         if recorder is not None:
-            engine.speculator, engine.runner.capture_layers = None, ()
+            engine.attach_drafter(None, spec_tokens=1)
             features.flush()
         bar.close()
         writer.close()

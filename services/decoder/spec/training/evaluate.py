@@ -44,8 +44,11 @@ def _summarise(per_kind: dict[str, list[torch.Tensor]]) -> dict:
 
 
 @torch.no_grad()
-def draft_acceptance(net, embed: torch.Tensor, sequences: list[Sequence], *, anchors_per_pass: int = 64) -> dict:
-    """Greedy drafts of the network (the inference heads: ``net.choose``) at every answer anchor."""
+def draft_acceptance(net, embed: torch.Tensor, sequences: list[Sequence], *, anchors_per_pass: int = 64,
+                     vocab: torch.Tensor | None = None) -> dict:
+    """Greedy drafts of the network (the inference heads: ``net.choose``) at every answer anchor,
+    from the draft vocabulary ``vocab`` when given."""
+    head = embed if vocab is None else embed[vocab]
     size = net.cfg.block_size
     was_training = net.training
     net.eval()
@@ -57,7 +60,7 @@ def draft_acceptance(net, embed: torch.Tensor, sequences: list[Sequence], *, anc
             for start in range(0, len(anchors), anchors_per_pass):
                 part = anchors[start : start + anchors_per_pass]
                 hidden = net.sequence_blocks(features, seq.token_ids, part, embed)
-                drafts, _ = net.choose(hidden, seq.token_ids[part], embed)
+                drafts, _ = net.choose(hidden, seq.token_ids[part], head, vocab)
                 per_kind.setdefault(seq.kind, []).append(acceptance_lengths(drafts, _truth(seq.token_ids, part, size)))
     finally:
         net.train(was_training)

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import torch
 
-from services.decoder.spec.dflash.checkpoint import load_checkpoint, save_checkpoint
+from services.decoder.spec.dflash.checkpoint import (
+    load_checkpoint,
+    save_checkpoint,
+    write_draft_vocab,
+)
 from services.decoder.spec.dflash.config import DEFAULT_CONTEXT_WINDOW, DraftConfig
 from services.decoder.spec.dflash.model import DraftNet
 from services.decoder.spec.ngram import NgramDrafter
@@ -29,6 +33,7 @@ from services.decoder.spec.training.distill import (
     read_records,
     summary,
 )
+from services.decoder.spec.training.draft_vocab import draft_vocabulary
 from services.decoder.spec.training.evaluate import draft_acceptance, ngram_acceptance
 from services.decoder.spec.training.features import FeatureStore, extract_features
 from services.decoder.spec.training.prompts import build_prompts
@@ -39,6 +44,8 @@ log = logging.getLogger("dhisparse.train_drafter")
 
 DEFAULT_TARGET_LAYERS = (2, 15, 28)
 MASK_TOKEN_ID = 16  # SmolLM2's <empty_output>: never produced in chat
+
+DRAFT_VOCAB_SIZE = 16384  # draft_vocab.json: a third of SmolLM2's head rows per drafted position
 
 
 @dataclass
@@ -121,8 +128,8 @@ def warm_start(net: DraftNet, directory: Path) -> list[str]:
     return copied
 
 
-def evaluate(net: DraftNet, embed: torch.Tensor, heldout) -> dict:
-    return {"draft": draft_acceptance(net, embed, heldout),
+def evaluate(net: DraftNet, embed: torch.Tensor, heldout, vocab: torch.Tensor | None = None) -> dict:
+    return {"draft": draft_acceptance(net, embed, heldout, vocab=vocab),
             "ngram": ngram_acceptance(heldout, net.cfg.block_size, NgramDrafter())}
 
 
@@ -196,8 +203,11 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     with torch.no_grad():  # evaluate what is shipped: the bf16-rounded weights
         for p in net.parameters():
             p.copy_(p.to(torch.bfloat16).float())
+    # what the shipped drafter drafts from (draft_vocab.json): the training set's tokens first
+    vocab = draft_vocabulary([s.token_ids.tolist() for s in train], min(DRAFT_VOCAB_SIZE, cfg.vocab_size),
+                             cfg.vocab_size)
     started = time.monotonic()
-    acceptance = evaluate(net, embed, heldout)
+    acceptance = evaluate(net, embed, heldout, torch.tensor(vocab))
     log.info("held-out acceptance (%.1f min): draft %.3f, n-gram %.3f over %d anchors", (time.monotonic() - started) / 60,
              acceptance["draft"]["mean_acceptance_length"], acceptance["ngram"]["mean_acceptance_length"],
              acceptance["draft"]["anchors"])
@@ -210,9 +220,10 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
         "final_metrics": {k: round(v, 4) for k, v in metrics.items()},
         "init_from": str(opts.init_from) if opts.init_from else None, "init": init,
         "options": {k: v for k, v in asdict(opts.train).items()},
-        "heldout_acceptance": acceptance,
+        "heldout_acceptance": acceptance, "draft_vocab_size": len(vocab),
     }
     save_checkpoint(net, opts.out, dtype=torch.bfloat16, extra=facts)
+    write_draft_vocab(opts.out, vocab)
     (Path(opts.out) / "README.md").write_text(model_card(opts.kind, cfg, facts))
     log.info("checkpoint written to %s", opts.out)
     print(json.dumps({"out": str(opts.out), "heldout_acceptance": {k: v["mean_acceptance_length"] for k, v in acceptance.items()}}))

@@ -12,7 +12,8 @@ sequence (the inference forward) gives the drafted positions' hidden states. Los
   position's greedy draft token equals the label (the head reads detached hidden states).
 
 AdamW, linear warmup then cosine decay to ``min_lr_ratio``, gradient clipping. The schedule's
-length is ``steps``, or with a time budget, estimated from the first ``calibrate_steps`` steps.
+length is ``steps``, or with a time budget, estimated from the first ``calibrate_steps`` steps and
+re-fitted every ``recalibrate_steps`` to the remaining budget (step times vary on a shared CPU).
 Everything needed to continue (network, optimizer, step, schedule, elapsed time, sampling RNG)
 is saved atomically to ``<run_dir>/train_state.pt`` every ``save_every_s`` seconds and at the end;
 ``Trainer(..., resume=True)`` continues from it exactly.
@@ -47,6 +48,7 @@ class TrainOptions:
     weight_decay: float = 0.01
     warmup_steps: int = 30
     calibrate_steps: int = 10
+    recalibrate_steps: int = 100  # with a time budget, re-fit the schedule's length this often
     seqs_per_step: int = 4
     anchors_per_seq: int = 16
     decay: float = 4.0  # position weight exp(-(k - 1) / decay)
@@ -218,9 +220,14 @@ class Trainer:
                 metrics = self.train_step()
                 self.elapsed_s += time.monotonic() - started
                 done_now += 1
-                if self.total_steps is None and self.step - calib_start[0] >= opt.calibrate_steps:
-                    per_step = (self.elapsed_s - calib_start[1]) / (self.step - calib_start[0])
-                    self.total_steps = max(self.step + 1, int(self._budget_s() / per_step))
+                window = self.step - calib_start[0]
+                if opt.steps is None and (self.total_steps is None and window >= opt.calibrate_steps
+                                          or window >= opt.recalibrate_steps):
+                    # time budget: fit the schedule to the recent step time (the CPU may be shared)
+                    per_step = (self.elapsed_s - calib_start[1]) / window
+                    remaining = max(0.0, self._budget_s() - self.elapsed_s)
+                    self.total_steps = self.step + max(1, int(remaining / per_step))
+                    calib_start = (self.step, self.elapsed_s)
                     bar.reset(total=self.total_steps)
                     bar.update(self.step)
                 else:
