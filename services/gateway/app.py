@@ -57,7 +57,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     registry = DecoderRegistry(redis_client, config.decoder_addresses, config.registry_refresh_s,
                                Keys(config.namespace))
     client = DecoderClient(registry, config.max_decoder_attempts, config.retry_after_s,
-                           security=InternalSecurity.of(config))
+                           security=InternalSecurity.of(config), resume_timeout_s=config.resume_timeout_s)
     metrics = GatewayMetrics(registry)
 
     @asynccontextmanager

@@ -27,6 +27,8 @@ class GatewayConfig(BaseSettings):
     default_max_tokens: int = Field(256, gt=0, description="max_tokens of a chat request that sets none")
     retry_after_s: int = Field(1, ge=0, description="Retry-After of a 429 when every decoder is saturated")
     max_decoder_attempts: int = Field(3, gt=0, description="decoders tried when one refuses (queue full, draining)")
+    resume_timeout_s: float = Field(60.0, ge=0, description="a stream whose decoder handed it off or died (resumable "
+                                    "requests) is resumed on a live decoder within this many seconds; 0 = never")
     log_level: str = "info"
     # Internal gRPC security towards the decoders (services/rpc/auth.py)
     internal_token: SecretStr | None = Field(None, description="shared internal gRPC token sent to decoders")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rdecoder.proto\x12\x14\x64hisparse.decoder.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"C\n\x0c\x43hatMessages\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.dhisparse.decoder.v1.ChatMessage\"\xd1\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x42\x07\n\x05_seed\"\x86\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12:\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x1e.dhisparse.decoder.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x36\n\x08messages\x18\x04 \x01(\x0b\x32\".dhisparse.decoder.v1.ChatMessagesH\x00\x12\x36\n\x08sampling\x18\x05 \x01(\x0b\x32$.dhisparse.decoder.v1.SamplingParams\x12\x19\n\x11max_prompt_tokens\x18\x06 \x01(\rB\x08\n\x06prompt\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"c\n\x10SpeculationStats\x12\x18\n\x10num_draft_tokens\x18\x01 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x02 \x01(\r\x12\x18\n\x10num_verify_steps\x18\x03 \x01(\r\"\x99\x01\n\x0eResidencyStats\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x15\n\rnum_hot_pages\x18\x02 \x01(\r\x12\x14\n\x0cnum_hot_hits\x18\x03 \x01(\r\x12\x16\n\x0enum_hot_misses\x18\x04 \x01(\r\x12\x19\n\x11num_bytes_fetched\x18\x05 \x01(\x04\x12\x19\n\x11num_bytes_written\x18\x06 \x01(\x04\"W\n\x06Timing\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x03 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\r\"\xb1\x02\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x12\n\ntext_delta\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12*\n\x05usage\x18\x05 \x01(\x0b\x32\x1b.dhisparse.decoder.v1.Usage\x12;\n\x0bspeculation\x18\x06 \x01(\x0b\x32&.dhisparse.decoder.v1.SpeculationStats\x12\x37\n\tresidency\x18\x07 \x01(\x0b\x32$.dhisparse.decoder.v1.ResidencyStats\x12,\n\x06timing\x18\x08 \x01(\x0b\x32\x1c.dhisparse.decoder.v1.Timing\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\x0f\n\rHealthRequest\"\xa2\x01\n\x0eHealthResponse\x12;\n\x06status\x18\x01 \x01(\x0e\x32+.dhisparse.decoder.v1.HealthResponse.Status\x12\x12\n\ndecoder_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"0\n\x06Status\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07SERVING\x10\x01\x12\x0c\n\x08\x44RAINING\x10\x02\"\x0e\n\x0cStatsRequest\"\xf7\x03\n\rStatsResponse\x12\x12\n\ndecoder_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\r\x12\x17\n\x0fmax_num_waiting\x18\x06 \x01(\r\x12\x16\n\x0enum_free_slots\x18\x07 \x01(\r\x12\x17\n\x0fnum_total_slots\x18\x08 \x01(\r\x12\x11\n\tpage_size\x18\t \x01(\r\x12\x1d\n\x15num_requests_finished\x18\n \x01(\x04\x12\x1c\n\x14num_generated_tokens\x18\x0b \x01(\x04\x12\x19\n\x11num_prompt_tokens\x18\x0c \x01(\x04\x12\x11\n\tnum_steps\x18\r \x01(\x04\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12[\n\x15residency_mode_counts\x18\x0f \x03(\x0b\x32<.dhisparse.decoder.v1.StatsResponse.ResidencyModeCountsEntry\x12\x10\n\x08uptime_s\x18\x10 \x01(\x01\x1a:\n\x18ResidencyModeCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xdf\x02\n\x07\x44\x65\x63oder\x12X\n\x08Generate\x12%.dhisparse.decoder.v1.GenerateRequest\x1a#.dhisparse.decoder.v1.GenerateChunk0\x01\x12S\n\x06\x43\x61ncel\x12#.dhisparse.decoder.v1.CancelRequest\x1a$.dhisparse.decoder.v1.CancelResponse\x12S\n\x06Health\x12#.dhisparse.decoder.v1.HealthRequest\x1a$.dhisparse.decoder.v1.HealthResponse\x12P\n\x05Stats\x12\".dhisparse.decoder.v1.StatsRequest\x1a#.dhisparse.decoder.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rdecoder.proto\x12\x14\x64hisparse.decoder.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"C\n\x0c\x43hatMessages\x12\x33\n\x08messages\x18\x01 \x03(\x0b\x32!.dhisparse.decoder.v1.ChatMessage\"\xd1\x01\n\x0eSamplingParams\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\r\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\t \x01(\x08\x42\x07\n\x05_seed\"\xb8\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12:\n\x10prompt_token_ids\x18\x02 \x01(\x0b\x32\x1e.dhisparse.decoder.v1.TokenIdsH\x00\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x36\n\x08messages\x18\x04 \x01(\x0b\x32\".dhisparse.decoder.v1.ChatMessagesH\x00\x12\x36\n\x08sampling\x18\x05 \x01(\x0b\x32$.dhisparse.decoder.v1.SamplingParams\x12\x19\n\x11max_prompt_tokens\x18\x06 \x01(\r\x12\x30\n\x06resume\x18\x07 \x01(\x0b\x32 .dhisparse.decoder.v1.ResumeFromB\x08\n\x06prompt\"B\n\nResumeFrom\x12\x18\n\x10output_token_ids\x18\x01 \x03(\r\x12\x1a\n\x12num_streamed_chars\x18\x02 \x01(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"c\n\x10SpeculationStats\x12\x18\n\x10num_draft_tokens\x18\x01 \x01(\r\x12\x1b\n\x13num_accepted_tokens\x18\x02 \x01(\r\x12\x18\n\x10num_verify_steps\x18\x03 \x01(\r\"\x99\x01\n\x0eResidencyStats\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x15\n\rnum_hot_pages\x18\x02 \x01(\r\x12\x14\n\x0cnum_hot_hits\x18\x03 \x01(\r\x12\x16\n\x0enum_hot_misses\x18\x04 \x01(\r\x12\x19\n\x11num_bytes_fetched\x18\x05 \x01(\x04\x12\x19\n\x11num_bytes_written\x18\x06 \x01(\x04\"s\n\x06Timing\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\x03 \x01(\x01\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\r\x12\x1a\n\x12num_prefill_tokens\x18\x05 \x01(\r\"\xc4\x02\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x12\n\ntext_delta\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12*\n\x05usage\x18\x05 \x01(\x0b\x32\x1b.dhisparse.decoder.v1.Usage\x12;\n\x0bspeculation\x18\x06 \x01(\x0b\x32&.dhisparse.decoder.v1.SpeculationStats\x12\x37\n\tresidency\x18\x07 \x01(\x0b\x32$.dhisparse.decoder.v1.ResidencyStats\x12,\n\x06timing\x18\x08 \x01(\x0b\x32\x1c.dhisparse.decoder.v1.Timing\x12\x11\n\tresumable\x18\t \x01(\x08\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\"\x0f\n\rHealthRequest\"\xa2\x01\n\x0eHealthResponse\x12;\n\x06status\x18\x01 \x01(\x0e\x32+.dhisparse.decoder.v1.HealthResponse.Status\x12\x12\n\ndecoder_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"0\n\x06Status\x12\x0b\n\x07UNKNOWN\x10\x00\x12\x0b\n\x07SERVING\x10\x01\x12\x0c\n\x08\x44RAINING\x10\x02\"\x0e\n\x0cStatsRequest\"\xd2\x04\n\rStatsResponse\x12\x12\n\ndecoder_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x13\n\x0bnum_running\x18\x03 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x05 \x01(\r\x12\x17\n\x0fmax_num_waiting\x18\x06 \x01(\r\x12\x16\n\x0enum_free_slots\x18\x07 \x01(\r\x12\x17\n\x0fnum_total_slots\x18\x08 \x01(\r\x12\x11\n\tpage_size\x18\t \x01(\r\x12\x1d\n\x15num_requests_finished\x18\n \x01(\x04\x12\x1c\n\x14num_generated_tokens\x18\x0b \x01(\x04\x12\x19\n\x11num_prompt_tokens\x18\x0c \x01(\x04\x12\x11\n\tnum_steps\x18\r \x01(\x04\x12\x10\n\x08\x64raining\x18\x0e \x01(\x08\x12[\n\x15residency_mode_counts\x18\x0f \x03(\x0b\x32<.dhisparse.decoder.v1.StatsResponse.ResidencyModeCountsEntry\x12\x10\n\x08uptime_s\x18\x10 \x01(\x01\x12\x1a\n\x12num_prefill_tokens\x18\x11 \x01(\x04\x12\x1c\n\x14num_resumed_requests\x18\x12 \x01(\x04\x12\x1f\n\x17num_handed_off_requests\x18\x13 \x01(\x04\x1a:\n\x18ResidencyModeCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xdf\x02\n\x07\x44\x65\x63oder\x12X\n\x08Generate\x12%.dhisparse.decoder.v1.GenerateRequest\x1a#.dhisparse.decoder.v1.GenerateChunk0\x01\x12S\n\x06\x43\x61ncel\x12#.dhisparse.decoder.v1.CancelRequest\x1a$.dhisparse.decoder.v1.CancelResponse\x12S\n\x06Health\x12#.dhisparse.decoder.v1.HealthRequest\x1a$.dhisparse.decoder.v1.HealthResponse\x12P\n\x05Stats\x12\".dhisparse.decoder.v1.StatsRequest\x1a#.dhisparse.decoder.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,33 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=180
   _globals['_SAMPLINGPARAMS']._serialized_end=389
   _globals['_GENERATEREQUEST']._serialized_start=392
-  _globals['_GENERATEREQUEST']._serialized_end=654
-  _globals['_USAGE']._serialized_start=656
-  _globals['_USAGE']._serialized_end=713
-  _globals['_SPECULATIONSTATS']._serialized_start=715
-  _globals['_SPECULATIONSTATS']._serialized_end=814
-  _globals['_RESIDENCYSTATS']._serialized_start=817
-  _globals['_RESIDENCYSTATS']._serialized_end=970
-  _globals['_TIMING']._serialized_start=972
-  _globals['_TIMING']._serialized_end=1059
-  _globals['_GENERATECHUNK']._serialized_start=1062
-  _globals['_GENERATECHUNK']._serialized_end=1367
-  _globals['_CANCELREQUEST']._serialized_start=1369
-  _globals['_CANCELREQUEST']._serialized_end=1404
-  _globals['_CANCELRESPONSE']._serialized_start=1406
-  _globals['_CANCELRESPONSE']._serialized_end=1441
-  _globals['_HEALTHREQUEST']._serialized_start=1443
-  _globals['_HEALTHREQUEST']._serialized_end=1458
-  _globals['_HEALTHRESPONSE']._serialized_start=1461
-  _globals['_HEALTHRESPONSE']._serialized_end=1623
-  _globals['_HEALTHRESPONSE_STATUS']._serialized_start=1575
-  _globals['_HEALTHRESPONSE_STATUS']._serialized_end=1623
-  _globals['_STATSREQUEST']._serialized_start=1625
-  _globals['_STATSREQUEST']._serialized_end=1639
-  _globals['_STATSRESPONSE']._serialized_start=1642
-  _globals['_STATSRESPONSE']._serialized_end=2145
-  _globals['_STATSRESPONSE_RESIDENCYMODECOUNTSENTRY']._serialized_start=2087
-  _globals['_STATSRESPONSE_RESIDENCYMODECOUNTSENTRY']._serialized_end=2145
-  _globals['_DECODER']._serialized_start=2148
-  _globals['_DECODER']._serialized_end=2499
+  _globals['_GENERATEREQUEST']._serialized_end=704
+  _globals['_RESUMEFROM']._serialized_start=706
+  _globals['_RESUMEFROM']._serialized_end=772
+  _globals['_USAGE']._serialized_start=774
+  _globals['_USAGE']._serialized_end=831
+  _globals['_SPECULATIONSTATS']._serialized_start=833
+  _globals['_SPECULATIONSTATS']._serialized_end=932
+  _globals['_RESIDENCYSTATS']._serialized_start=935
+  _globals['_RESIDENCYSTATS']._serialized_end=1088
+  _globals['_TIMING']._serialized_start=1090
+  _globals['_TIMING']._serialized_end=1205
+  _globals['_GENERATECHUNK']._serialized_start=1208
+  _globals['_GENERATECHUNK']._serialized_end=1532
+  _globals['_CANCELREQUEST']._serialized_start=1534
+  _globals['_CANCELREQUEST']._serialized_end=1569
+  _globals['_CANCELRESPONSE']._serialized_start=1571
+  _globals['_CANCELRESPONSE']._serialized_end=1606
+  _globals['_HEALTHREQUEST']._serialized_start=1608
+  _globals['_HEALTHREQUEST']._serialized_end=1623
+  _globals['_HEALTHRESPONSE']._serialized_start=1626
+  _globals['_HEALTHRESPONSE']._serialized_end=1788
+  _globals['_HEALTHRESPONSE_STATUS']._serialized_start=1740
+  _globals['_HEALTHRESPONSE_STATUS']._serialized_end=1788
+  _globals['_STATSREQUEST']._serialized_start=1790
+  _globals['_STATSREQUEST']._serialized_end=1804
+  _globals['_STATSRESPONSE']._serialized_start=1807
+  _globals['_STATSRESPONSE']._serialized_end=2401
+  _globals['_STATSRESPONSE_RESIDENCYMODECOUNTSENTRY']._serialized_start=2343
+  _globals['_STATSRESPONSE_RESIDENCYMODECOUNTSENTRY']._serialized_end=2401
+  _globals['_DECODER']._serialized_start=2404
+  _globals['_DECODER']._serialized_end=2755
 # @@protoc_insertion_point(module_scope)

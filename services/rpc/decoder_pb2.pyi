@@ -50,20 +50,30 @@ class SamplingParams(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "text", "messages", "sampling", "max_prompt_tokens")
+    __slots__ = ("request_id", "prompt_token_ids", "text", "messages", "sampling", "max_prompt_tokens", "resume")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: TokenIds
     text: str
     messages: ChatMessages
     sampling: SamplingParams
     max_prompt_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., text: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_prompt_tokens: _Optional[int] = ...) -> None: ...
+    resume: ResumeFrom
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., text: _Optional[str] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., max_prompt_tokens: _Optional[int] = ..., resume: _Optional[_Union[ResumeFrom, _Mapping]] = ...) -> None: ...
+
+class ResumeFrom(_message.Message):
+    __slots__ = ("output_token_ids", "num_streamed_chars")
+    OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_STREAMED_CHARS_FIELD_NUMBER: _ClassVar[int]
+    output_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_streamed_chars: int
+    def __init__(self, output_token_ids: _Optional[_Iterable[int]] = ..., num_streamed_chars: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -100,19 +110,21 @@ class ResidencyStats(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., num_hot_pages: _Optional[int] = ..., num_hot_hits: _Optional[int] = ..., num_hot_misses: _Optional[int] = ..., num_bytes_fetched: _Optional[int] = ..., num_bytes_written: _Optional[int] = ...) -> None: ...
 
 class Timing(_message.Message):
-    __slots__ = ("queue_s", "prefill_s", "decode_s", "num_preemptions")
+    __slots__ = ("queue_s", "prefill_s", "decode_s", "num_preemptions", "num_prefill_tokens")
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     queue_s: float
     prefill_s: float
     decode_s: float
     num_preemptions: int
-    def __init__(self, queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., num_preemptions: _Optional[int] = ...) -> None: ...
+    num_prefill_tokens: int
+    def __init__(self, queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., num_preemptions: _Optional[int] = ..., num_prefill_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text_delta", "finish_reason", "usage", "speculation", "residency", "timing")
+    __slots__ = ("request_id", "token_ids", "text_delta", "finish_reason", "usage", "speculation", "residency", "timing", "resumable")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +133,7 @@ class GenerateChunk(_message.Message):
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     RESIDENCY_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
+    RESUMABLE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text_delta: str
@@ -129,7 +142,8 @@ class GenerateChunk(_message.Message):
     speculation: SpeculationStats
     residency: ResidencyStats
     timing: Timing
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text_delta: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationStats, _Mapping]] = ..., residency: _Optional[_Union[ResidencyStats, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+    resumable: bool
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text_delta: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationStats, _Mapping]] = ..., residency: _Optional[_Union[ResidencyStats, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., resumable: _Optional[bool] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id",)
@@ -170,7 +184,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("decoder_id", "model", "num_running", "num_waiting", "max_num_seqs", "max_num_waiting", "num_free_slots", "num_total_slots", "page_size", "num_requests_finished", "num_generated_tokens", "num_prompt_tokens", "num_steps", "draining", "residency_mode_counts", "uptime_s")
+    __slots__ = ("decoder_id", "model", "num_running", "num_waiting", "max_num_seqs", "max_num_waiting", "num_free_slots", "num_total_slots", "page_size", "num_requests_finished", "num_generated_tokens", "num_prompt_tokens", "num_steps", "draining", "residency_mode_counts", "uptime_s", "num_prefill_tokens", "num_resumed_requests", "num_handed_off_requests")
     class ResidencyModeCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +208,9 @@ class StatsResponse(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     RESIDENCY_MODE_COUNTS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_RESUMED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HANDED_OFF_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     decoder_id: str
     model: str
     num_running: int
@@ -210,4 +227,7 @@ class StatsResponse(_message.Message):
     draining: bool
     residency_mode_counts: _containers.ScalarMap[str, int]
     uptime_s: float
-    def __init__(self, decoder_id: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_waiting: _Optional[int] = ..., num_free_slots: _Optional[int] = ..., num_total_slots: _Optional[int] = ..., page_size: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., num_generated_tokens: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_steps: _Optional[int] = ..., draining: _Optional[bool] = ..., residency_mode_counts: _Optional[_Mapping[str, int]] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    num_prefill_tokens: int
+    num_resumed_requests: int
+    num_handed_off_requests: int
+    def __init__(self, decoder_id: _Optional[str] = ..., model: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_waiting: _Optional[int] = ..., num_free_slots: _Optional[int] = ..., num_total_slots: _Optional[int] = ..., page_size: _Optional[int] = ..., num_requests_finished: _Optional[int] = ..., num_generated_tokens: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_steps: _Optional[int] = ..., draining: _Optional[bool] = ..., residency_mode_counts: _Optional[_Mapping[str, int]] = ..., uptime_s: _Optional[float] = ..., num_prefill_tokens: _Optional[int] = ..., num_resumed_requests: _Optional[int] = ..., num_handed_off_requests: _Optional[int] = ...) -> None: ...

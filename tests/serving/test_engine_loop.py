@@ -93,3 +93,18 @@ def test_queue_limit_and_drain(loop):
     assert loop.stop(timeout=0) is False  # nothing finished in time: the rest is aborted
     for handle in handles:
         assert list(handle)[-1].finished
+
+
+def test_stop_hands_back_requests_with_no_output_and_aborts_the_rest_without_kvtier(loop):
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    running = [loop.submit([1, 2, 3, 4], params, f"run{i}") for i in range(2)]
+    for handle in running:
+        assert handle.get(timeout=30).token_ids  # generating
+    waiting = [loop.submit([5, 6, 7], params, f"wait{i}") for i in range(2)]  # max_num_seqs=2: they wait
+    assert loop.stop(timeout=0) is False
+    for handle in running:  # output delivered and no kvtier to leave it in: aborted
+        assert list(handle)[-1].finish_reason == "abort"
+    for handle in waiting:  # nothing delivered: the client may start it afresh on another decoder
+        outputs = list(handle)
+        assert [o.finish_reason for o in outputs] == ["handoff"] and outputs[0].num_output_tokens == 0
+    assert loop.stats().num_handed_off_requests == 2

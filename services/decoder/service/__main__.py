@@ -34,6 +34,10 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
     parser.add_argument("--spec", choices=["none", "ngram"], help="speculative decoding drafter")
     parser.add_argument("--spec-tokens", type=int, help="draft tokens verified per step")
     parser.add_argument("--verify-budget", choices=["fixed", "adaptive"], help="draft length per request")
+    parser.add_argument("--resumable-requests", action="store_true", default=None,
+                        help="with kvtier: requests outlive this decoder (a gateway resumes them after a kill)")
+    parser.add_argument("--drain-timeout-s", type=float,
+                        help="on SIGTERM: time to finish in-flight requests before handing them off")
     parser.add_argument("--probe", metavar="HOST:PORT", help="exit 0 if the decoder there is serving")
     return parser
 

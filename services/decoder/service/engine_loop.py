@@ -9,7 +9,12 @@ talk to it through a command queue:
 - ``cancel`` aborts a request (its slots are freed on the loop thread); its handle gets a final
   ``Output`` with ``finish_reason="abort"``.
 - ``drain`` stops admitting new requests and lets the in-flight ones finish; ``stop`` drains and
-  ends the thread once nothing is left (or aborts what is left after a timeout).
+  ends the thread once nothing is left. What is left after its timeout is handed off, its handle
+  ending with ``finish_reason="handoff"``: a request with no output yet is freed (its client
+  starts it afresh elsewhere); one with output, when the engine has a kvtier host tier, stays in
+  kvtier (the lease is given up so that another decoder may claim it). The rest is aborted.
+- ``submit(..., resume=Resume(...))`` continues a request another decoder handed off or left
+  behind (``Engine.resume_request``).
 
 The loop sleeps on the command queue while the engine is idle and wakes on the next command.
 ``stats()`` returns a snapshot taken after every step, safe to read from any thread.
@@ -57,6 +62,7 @@ class Output:
     num_output_tokens: int  # cumulative
     timing: dict | None = None  # on the final output: ``finished_stats``
     residency: dict | None = None  # ``residency_stats`` of the request after this step
+    resumable: bool = False  # the request's pages outlive this decoder in kvtier
 
 
 def residency_stats(request, bytes_per_page: int, num_layers: int) -> dict:
@@ -78,6 +84,7 @@ def finished_stats(stats, num_output_tokens: int) -> dict:
         "num_draft_tokens": int(getattr(stats, "drafted_tokens", 0)),
         "num_accepted_tokens": int(getattr(stats, "accepted_tokens", 0)),
         "num_verify_steps": int(getattr(stats, "num_verify_steps", 0)),
+        "num_prefill_tokens": int(getattr(stats, "num_prefill_tokens", 0)),
     }
 
 
@@ -112,10 +119,21 @@ class LoopStats:
     num_prompt_tokens: int = 0
     num_steps: int = 0
     draining: bool = False
+    num_prefill_tokens: int = 0  # over finished (and handed-off) requests
+    num_resumed_requests: int = 0
+    num_handed_off_requests: int = 0
     residency_mode_counts: dict[str, int] = field(default_factory=dict)
     # live requests: id -> {state, num_prompt_tokens, num_output_tokens} and residency
     # {mode, num_hot_pages, num_host_pages, num_committed_pages} (published to Redis by the heartbeat)
     request_summaries: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What the client of a resumed request already received."""
+
+    output_ids: list[int]
+    num_streamed_chars: int | None = None
 
 
 @dataclass
@@ -124,6 +142,7 @@ class _Submit:
     prompt_ids: list[int]
     params: SamplingParams
     admitted: Future
+    resume: Resume | None = None
 
 
 @dataclass
@@ -151,13 +170,14 @@ class EngineLoop:
         return self
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-               timeout: float | None = 30.0) -> RequestHandle:
-        """Queues a request; returns its handle once admitted. Raises ``InvalidRequestError``,
-        ``QueueFullError`` or ``DrainingError`` (nothing queued in those cases)."""
+               timeout: float | None = 30.0, resume: Resume | None = None) -> RequestHandle:
+        """Queues a request (``resume``: continues it from its kvtier pages); returns its handle
+        once admitted. Raises ``InvalidRequestError``, ``QueueFullError`` or ``DrainingError``
+        (nothing queued in those cases)."""
         if self._draining.is_set():
             raise DrainingError("the decoder is draining and admits no new requests")
         admitted: Future = Future()
-        self._commands.put(_Submit(request_id, list(prompt_ids), params, admitted))
+        self._commands.put(_Submit(request_id, list(prompt_ids), params, admitted, resume))
         return admitted.result(timeout=timeout)
 
     def cancel(self, request_id: str) -> None:
@@ -172,8 +192,8 @@ class EngineLoop:
         self._commands.put(None)  # wake
 
     def stop(self, timeout: float | None = None) -> bool:
-        """Drains, waits up to ``timeout`` for in-flight requests, aborts the rest, ends the thread.
-        Returns True when every request finished on its own."""
+        """Drains, waits up to ``timeout`` for in-flight requests, hands off (or aborts) the rest,
+        ends the thread. Returns True when every request finished on its own."""
         self.drain()
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.is_alive() and self.num_in_flight and (deadline is None or time.monotonic() < deadline):
@@ -211,6 +231,7 @@ class EngineLoop:
             while True:
                 idle = not self.engine.has_unfinished()
                 if self._stopping.is_set():
+                    self._hand_off_all()
                     self._abort_all()
                     self._publish_stats()
                     return
@@ -263,7 +284,14 @@ class EngineLoop:
                 f"{len(self.engine.scheduler.waiting)} requests are waiting (max_num_waiting={self.max_num_waiting})"))
             return
         try:
-            request_id = self.engine.add_request(command.prompt_ids, command.params, command.request_id)
+            if command.resume is None:
+                request_id = self.engine.add_request(command.prompt_ids, command.params, command.request_id)
+            else:
+                request_id = self.engine.resume_request(command.request_id, command.prompt_ids,
+                                                        command.resume.output_ids, command.params,
+                                                        command.resume.num_streamed_chars)
+                with self._stats_lock:
+                    self._stats.num_resumed_requests += 1
         except InvalidRequestError as exc:
             command.admitted.set_exception(exc)
             return
@@ -293,13 +321,47 @@ class EngineLoop:
                 timing = finished_stats(request.stats, len(request.output_ids))
                 with self._stats_lock:
                     self._stats.num_requests_finished += 1
+                    self._stats.num_prefill_tokens += timing["num_prefill_tokens"]
             pool = self.engine.pool
             handle._outputs.put(Output(
                 event.request_id, token_ids, event.text_delta, event.finished, event.finish_reason,
                 request.num_prompt_tokens, len(request.output_ids), timing,
-                residency_stats(request, pool.bytes_per_slot, pool.num_layers)))
+                residency_stats(request, pool.bytes_per_slot, pool.num_layers), self._resumable))
         with self._stats_lock:
             self._stats.num_generated_tokens += num_new_tokens
+
+    @property
+    def _resumable(self) -> bool:
+        return self.engine.host_tier is not None and self.engine.host_tier.resumable
+
+    def _hand_off_all(self) -> None:
+        """At the drain deadline: frees requests with no output yet (a client starts them afresh
+        elsewhere) and, with a host tier, leaves the others in kvtier (resumable) and gives the
+        kvtier lease up so that another decoder may claim them; ends both kinds of stream with
+        "handoff". What is left (no host tier, or kvtier failed) ``_abort_all`` aborts."""
+        from services.decoder.kv.kvtier_client import KvtierClientError
+
+        log = logging.getLogger(__name__)
+        restart = [rid for rid in list(self._handles)
+                   if rid in self.engine.requests and not self.engine.requests[rid].output_ids
+                   and self.engine.abort(rid)]
+        tier = self.engine.host_tier
+        handed = [rid for rid in list(self._handles) if rid not in restart and self.engine.hand_off(rid)]
+        if tier is not None and (handed or restart):
+            try:
+                tier.flush()  # the last sealed pages' commits, the restarted requests' frees
+                if handed:
+                    tier.client.mark_resumable(handed)
+                    tier.client.stop_heartbeat()
+                    tier.client.detach()  # no live owner any more: another decoder may claim them
+            except KvtierClientError as exc:
+                log.error("hand-off to kvtier failed (%s): aborting %d requests", exc, len(handed))
+                handed = []  # they stay in _handles: _abort_all ends their streams with "abort"
+        if handed or restart:
+            log.info("handed off %d requests to kvtier, %d to restart elsewhere", len(handed), len(restart))
+        self._dispatch([TokenEvent(rid, None, "", True, "handoff") for rid in restart + handed])
+        with self._stats_lock:
+            self._stats.num_handed_off_requests += len(handed) + len(restart)
 
     def _abort_all(self) -> None:
         for request_id in list(self._handles):

@@ -2,7 +2,9 @@
 
 ``serve(config)`` loads the engine, starts the loop, the gRPC server and (with ``redis_url``) the
 Redis heartbeat, and on SIGTERM/SIGINT drains: it stops admitting, tells gateways (heartbeat
-``draining``), lets in-flight requests finish for up to ``drain_timeout_s``, then exits.
+``draining``), lets in-flight requests finish for up to ``drain_timeout_s``, hands the rest off
+to kvtier (their streams end with finish_reason "handoff"; a gateway resumes them elsewhere with
+``GenerateRequest.resume``), then exits.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import grpc
 from services.decoder.config import DecoderConfig
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.model.tokenizer import Tokenizer
-from services.decoder.service.engine_loop import DrainingError, EngineLoop, Output, QueueFullError
+from services.decoder.service.engine_loop import DrainingError, EngineLoop, Output, QueueFullError, Resume
 from services.rpc import decoder_pb2 as pb
 from services.rpc import decoder_pb2_grpc as pb_grpc
 from services.rpc.auth import InternalSecurity
@@ -78,13 +80,15 @@ def chunk_of(outputs: list[Output]) -> pb.GenerateChunk:
         text_delta="".join(o.text_delta for o in outputs),
         finish_reason=last.finish_reason or "" if last.finished else "",
         usage=pb.Usage(prompt_tokens=last.num_prompt_tokens, completion_tokens=last.num_output_tokens),
+        resumable=last.resumable,
     )
     if last.residency is not None:
         chunk.residency.CopyFrom(pb.ResidencyStats(**last.residency))
     if last.timing:
         t = last.timing
         chunk.timing.CopyFrom(pb.Timing(queue_s=t["queue_s"], prefill_s=t["prefill_s"], decode_s=t["decode_s"],
-                                        num_preemptions=t["num_preemptions"]))
+                                        num_preemptions=t["num_preemptions"],
+                                        num_prefill_tokens=t.get("num_prefill_tokens", 0)))
         chunk.speculation.CopyFrom(pb.SpeculationStats(num_draft_tokens=t["num_draft_tokens"],
                                                        num_accepted_tokens=t["num_accepted_tokens"],
                                                        num_verify_steps=t["num_verify_steps"]))
@@ -101,11 +105,19 @@ class DecoderServicer(pb_grpc.DecoderServicer):
 
     def Generate(self, request, context):
         request_id = request.request_id or f"dec-{uuid.uuid4().hex}"
+        resume = None
+        if request.HasField("resume"):
+            resume = Resume(list(request.resume.output_token_ids), request.resume.num_streamed_chars)
         try:
             prompt_ids = prompt_ids_of(request, self.tokenizer)
-            handle = self.loop.submit(prompt_ids, sampling_params_of(request.sampling), request_id)
         except InvalidRequestError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            handle = self.loop.submit(prompt_ids, sampling_params_of(request.sampling), request_id, resume=resume)
+        except InvalidRequestError as exc:
+            # a resume this decoder cannot honour (no kvtier, request unknown or still owned): another may
+            code = grpc.StatusCode.INVALID_ARGUMENT if resume is None else grpc.StatusCode.FAILED_PRECONDITION
+            context.abort(code, str(exc))
         except QueueFullError as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except DrainingError as exc:
@@ -144,6 +156,8 @@ class DecoderServicer(pb_grpc.DecoderServicer):
             num_requests_finished=s.num_requests_finished, num_generated_tokens=s.num_generated_tokens,
             num_prompt_tokens=s.num_prompt_tokens, num_steps=s.num_steps, draining=s.draining,
             residency_mode_counts=s.residency_mode_counts, uptime_s=time.monotonic() - self.started_s,
+            num_prefill_tokens=s.num_prefill_tokens, num_resumed_requests=s.num_resumed_requests,
+            num_handed_off_requests=s.num_handed_off_requests,
         )
 
 
@@ -209,5 +223,5 @@ def serve(config: DecoderConfig | None = None, install_signal_handlers: bool = T
     server.stop(grace=2).wait()
     if heartbeat is not None:
         heartbeat.stop(deregister=True)
-    log.info("decoder stopped (%s)", "drained" if clean else "aborted what was left")
+    log.info("decoder stopped (%s)", "drained" if clean else "handed off or aborted what was left")
     return 0 if loop._error is None else 1
