@@ -156,8 +156,9 @@ class KvtierServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Lookup(self, request, context):
-        """A request's host pages in logical order, for resuming after a decoder restart. With
-        claim, the caller becomes the owner (refused while another live decoder owns it).
+        """A request's host pages in logical order, for resuming after a decoder restart. Only the
+        caller's own requests (needs a lease). With claim, the caller becomes the owner: of its own
+        requests, or of another decoder's resumable request once that decoder's lease is gone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
