@@ -7,7 +7,6 @@ so each fault hits calls that the request needs while it is generating."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from dhisparse.stack import LocalStack, StackOptions, free_port
 from services.rpc import kvtier_pb2 as pb
 from services.rpc import kvtier_pb2_grpc as pb_grpc
 from tests.decoder.prompts import SHORT_PROMPTS, long_document
+from tests.serving import resume_stack
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPTS = [long_document(20), SHORT_PROMPTS[1]]  # ~400 tokens (25 sealed pages) and a short one
@@ -39,24 +39,8 @@ def stack(tmp_path):
 def stream(url: str, prompt: str, on_event=None) -> tuple[str, str, int]:
     """One greedy streamed completion: ``(text, finish_reason, completion_tokens)``; ``on_event(n)``
     after the n-th event. Fails on an error event."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
-    text, reason, tokens, n = [], None, 0, 0
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=180) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[len("data: "):])
-            assert "error" not in event, event
-            for choice in event.get("choices", []):
-                text.append(choice["text"])
-                reason = choice.get("finish_reason") or reason
-            tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
-            n += 1
-            if on_event is not None:
-                on_event(n)
-    return "".join(text), reason, tokens
+    out = resume_stack.stream(url, on_event, MAX_TOKENS, prompt)
+    return out["text"], out["finish_reason"], (out["usage"] or {}).get("completion_tokens", 0)
 
 
 def run_both(url: str, on_event=None) -> list[tuple[str, str, int]]:

@@ -30,10 +30,10 @@ def start_stack(workdir, decoder_args=(), env=None) -> LocalStack:
     return LocalStack(options).start(log=lambda _msg: None)
 
 
-def stream(url: str, on_event=None, max_tokens: int = MAX_TOKENS) -> dict:
-    """One greedy streamed completion of ``PROMPT``; ``on_event(n)`` after the n-th data event.
+def stream(url: str, on_event=None, max_tokens: int = MAX_TOKENS, prompt: str = PROMPT) -> dict:
+    """One greedy streamed completion of ``prompt``; ``on_event(n)`` after the n-th data event.
     Returns text, finish_reason, usage and the number of events; fails on an error event."""
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     text, reason, usage, n = [], None, None, 0
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
