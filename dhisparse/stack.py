@@ -61,6 +61,11 @@ class StackOptions:
     internal_tls_cert: Path | None = None
     internal_tls_key: Path | None = None
     internal_tls_ca: Path | None = None
+    # mutual TLS: kvtier and the decoder require client certificates signed by this CA; the decoder
+    # (towards kvtier), the gateway (towards the decoder) and this launcher's probes present this one
+    internal_tls_client_ca: Path | None = None
+    internal_tls_client_cert: Path | None = None
+    internal_tls_client_key: Path | None = None
     startup_timeout_s: float = 120.0
 
 
@@ -86,7 +91,9 @@ class LocalStack:
 
         from services.rpc.auth import InternalSecurity
 
-        return InternalSecurity(SecretStr(self.internal_token), tls_ca=self.options.internal_tls_ca)
+        o = self.options
+        return InternalSecurity(SecretStr(self.internal_token), tls_ca=o.internal_tls_ca,
+                                tls_client_cert=o.internal_tls_client_cert, tls_client_key=o.internal_tls_client_key)
 
     def _internal_env(self) -> dict[str, str]:
         """Each service's DHISPARSE_<SERVICE>_INTERNAL_* variables: the token, and the TLS files."""
@@ -94,7 +101,10 @@ class LocalStack:
         env = {f"DHISPARSE_{s}_INTERNAL_TOKEN": self.internal_token for s in ("KVTIER", "DECODER", "GATEWAY")}
         for services, name, path in ((("KVTIER", "DECODER"), "CERT", o.internal_tls_cert),
                                      (("KVTIER", "DECODER"), "KEY", o.internal_tls_key),
-                                     (("DECODER", "GATEWAY"), "CA", o.internal_tls_ca)):
+                                     (("DECODER", "GATEWAY"), "CA", o.internal_tls_ca),
+                                     (("KVTIER", "DECODER"), "CLIENT_CA", o.internal_tls_client_ca),
+                                     (("DECODER", "GATEWAY"), "CLIENT_CERT", o.internal_tls_client_cert),
+                                     (("DECODER", "GATEWAY"), "CLIENT_KEY", o.internal_tls_client_key)):
             if path is not None:
                 env.update({f"DHISPARSE_{s}_INTERNAL_TLS_{name}": str(Path(path).resolve()) for s in services})
         return env
@@ -116,6 +126,10 @@ class LocalStack:
     def start(self, log=print) -> LocalStack:
         o = self.options
         try:
+            try:  # a bad TLS file or setting (of the launcher's own probes) fails here, at once
+                security = self.security
+            except ValueError as exc:
+                raise StackError(str(exc)) from None
             # persistent: kvtier's page table survives a restart of Redis itself
             self.redis = RedisServer(directory=self.workdir / "redis", persist=True).start()
             log(f"redis    {self.redis.url}")
@@ -137,7 +151,7 @@ class LocalStack:
                                     *tier, *o.decoder_args])
             from services.decoder.service.server import probe
 
-            self._wait("decoder", lambda: probe(self.decoder_address, timeout_s=1.0, security=self.security))
+            self._wait("decoder", lambda: probe(self.decoder_address, timeout_s=1.0, security=security))
             log(f"decoder  {self.decoder_address}")
             keys = [a for k in o.api_keys for a in ("--api-key", k)]
             self._spawn("gateway", ["-m", "services.gateway", "--host", o.host, "--port", str(o.gateway_port),
@@ -245,6 +259,11 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
     parser.add_argument("--internal-tls-cert", type=Path, help="PEM cert: kvtier and decoder serve gRPC over TLS")
     parser.add_argument("--internal-tls-key", type=Path, help="PEM private key of --internal-tls-cert")
     parser.add_argument("--internal-tls-ca", type=Path, help="PEM CA the decoder and gateway verify servers with")
+    parser.add_argument("--internal-tls-client-ca", type=Path,
+                        help="mutual TLS: PEM CA kvtier and the decoder verify client certificates with")
+    parser.add_argument("--internal-tls-client-cert", type=Path,
+                        help="mutual TLS: PEM client certificate the decoder and gateway present")
+    parser.add_argument("--internal-tls-client-key", type=Path, help="PEM private key of --internal-tls-client-cert")
     args = parser.parse_args(argv)
     decoder_args = ["--model", args.model] if args.model else []
     for flag in ("attention", "residency"):
@@ -254,7 +273,10 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
                            kvtier_port=args.kvtier_port, kvtier=False if args.no_kvtier else None,
                            kvtier_pool_gib=args.kvtier_pool_gib, workdir=args.workdir, api_keys=args.api_key,
                            decoder_args=decoder_args, internal_tls_cert=args.internal_tls_cert,
-                           internal_tls_key=args.internal_tls_key, internal_tls_ca=args.internal_tls_ca)
+                           internal_tls_key=args.internal_tls_key, internal_tls_ca=args.internal_tls_ca,
+                           internal_tls_client_ca=args.internal_tls_client_ca,
+                           internal_tls_client_cert=args.internal_tls_client_cert,
+                           internal_tls_client_key=args.internal_tls_client_key)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

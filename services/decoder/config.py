@@ -77,6 +77,12 @@ class DecoderConfig(BaseSettings):
     internal_tls_cert: Path | None = Field(None, description="PEM certificate: serve gRPC over TLS (with the key)")
     internal_tls_key: Path | None = Field(None, description="PEM private key of internal_tls_cert")
     internal_tls_ca: Path | None = Field(None, description="PEM CA: dial kvtier over TLS, verified against it")
+    # mutual TLS: require gateways' (and probes') client certificates; present one to kvtier
+    internal_tls_client_ca: Path | None = Field(None, description="PEM CA: require client certificates it signed "
+                                                "on this port (needs internal_tls_cert/key)")
+    internal_tls_client_cert: Path | None = Field(None, description="PEM client certificate presented to kvtier "
+                                                  "(and by --probe); needs internal_tls_ca")
+    internal_tls_client_key: Path | None = Field(None, description="PEM private key of internal_tls_client_cert")
 
     @model_validator(mode="after")
     def _check_spec_with_sparse(self) -> DecoderConfig:

@@ -33,3 +33,6 @@ class GatewayConfig(BaseSettings):
     # Internal gRPC security towards the decoders (services/rpc/auth.py)
     internal_token: SecretStr | None = Field(None, description="shared internal gRPC token sent to decoders")
     internal_tls_ca: Path | None = Field(None, description="PEM CA: dial decoders over TLS, verified against it")
+    internal_tls_client_cert: Path | None = Field(None, description="PEM client certificate presented to decoders "
+                                                  "(mutual TLS); needs internal_tls_ca")
+    internal_tls_client_key: Path | None = Field(None, description="PEM private key of internal_tls_client_cert")

@@ -28,12 +28,18 @@ FLAGS = {
     # the internal token is read from DHISPARSE_KVTIER_INTERNAL_TOKEN only (a flag would show in ps)
     "--internal-tls-cert": ("internal_tls_cert", str, "PEM certificate: serve gRPC over TLS"),
     "--internal-tls-key": ("internal_tls_key", str, "PEM private key of --internal-tls-cert"),
+    "--internal-tls-client-ca": ("internal_tls_client_ca", str, "PEM CA: require client certificates it signed"),
+    "--internal-tls-bind-decoder-id": ("internal_tls_bind_decoder_id", bool,
+                                       "a call's decoder id must be named by its client certificate (CN or DNS SAN)"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for flag, (field, kind, help_text) in FLAGS.items():
-        parser.add_argument(flag, dest=field, type=kind, default=None, help=help_text)
+        if kind is bool:  # a switch: present = True, absent = the env/default value
+            parser.add_argument(flag, dest=field, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(flag, dest=field, type=kind, default=None, help=help_text)
     return parser
 
 

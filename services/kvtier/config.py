@@ -38,6 +38,11 @@ class KvtierConfig(BaseSettings):
     internal_token: SecretStr | None = Field(None, description="shared internal gRPC token; None = no check")
     internal_tls_cert: Path | None = Field(None, description="PEM certificate: serve gRPC over TLS (with the key)")
     internal_tls_key: Path | None = Field(None, description="PEM private key of internal_tls_cert")
+    # mutual TLS: only clients (decoders, probes) with a certificate from this CA connect
+    internal_tls_client_ca: Path | None = Field(None, description="PEM CA: require client certificates it signed "
+                                                "(needs internal_tls_cert/key)")
+    internal_tls_bind_decoder_id: bool = Field(False, description="a call's decoder_id must be the client "
+                                               "certificate's CN or a DNS SAN (needs internal_tls_client_ca)")
 
     @field_validator("instance", "namespace")
     @classmethod

@@ -53,6 +53,18 @@ def test_env_vars_are_config_fields(compose, service, monkeypatch):
     resolved_config(config_class, environment, monkeypatch)  # and the values validate
 
 
+def test_commented_out_env_vars_are_config_fields_too():
+    """compose.yaml's commented-out settings (TLS, mutual TLS, API keys) name real fields as well,
+    so that uncommenting one never sets a variable the service ignores (or refuses)."""
+    text = (ROOT / "compose.yaml").read_text()
+    commented = [m for line in text.splitlines() if line.lstrip().startswith("#")
+                 for m in re.finditer(r"DHISPARSE_(KVTIER|DECODER|GATEWAY)_(\w+)", line)]
+    assert len(commented) >= 10
+    for match in commented:
+        config_class = CONFIGS[match.group(1).lower()]
+        assert match.group(2).lower() in config_class.model_fields, f"{match.group(0)} is not a field"
+
+
 @pytest.mark.parametrize("service", sorted(CONFIGS))
 def test_ports_match_the_config(compose, service, monkeypatch):
     spec = compose["services"][service]
