@@ -8,6 +8,9 @@ are read, not on their values, so this measures decode throughput faithfully; th
 produces are meaningless, and beyond the model's trained context (8K for SmolLM2) RoPE
 positions are out of range anyway: throughput only.
 
+llama.cpp (optional extra, ``benchmarks/peers/llama_cpp.py``) decodes the same token sequence
+after a real prefill, on the GGUF's quantized weights: its dense decode is the peer row.
+
 Run: ``python -m benchmarks.context_sweep`` (writes ``context_sweep.json`` / ``.png``).
 """
 
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import machine_info, results_dir, write_json
+from benchmarks.peers.llama_cpp import PeerUnavailable
 from benchmarks.plotting import pyplot
 
 SOURCE_TOKENS = 1024
@@ -63,13 +67,11 @@ def measure(loaded, attention: str, context_len: int, decode_tokens: int, top_k_
     llm = LLM(loaded=loaded, attention=attention, top_k_tokens=top_k_tokens, max_model_len=capacity,
               kv_cache_tokens=capacity, allow_long_context=True, max_num_batched_tokens=SOURCE_TOKENS)
     engine = llm.engine
-    words = ["river", "stone", "signal", "paper", "orbit", "lantern", "maple", "copper", "cloud", "alpha"]
-    text = " ".join(f"{words[(i * 7) % len(words)]}{i % 17}" for i in range(2 * SOURCE_TOKENS))
-    source_ids = llm.tokenizer.encode(text)[:SOURCE_TOKENS]
+    source_ids = _source_ids(loaded)
     source_rid = engine.add_request(source_ids, SamplingParams(max_tokens=decode_tokens + context_len, ignore_eos=True))
     engine.step()  # one step: the whole source prompt is prefilled (budget = SOURCE_TOKENS)
     source_slots = list(engine.requests[source_rid].slots)[: SOURCE_TOKENS // engine.config.page_size]
-    prompt_ids = [source_ids[i % SOURCE_TOKENS] for i in range(context_len)]
+    prompt_ids = _context_ids(source_ids, context_len)
     rid = _fill_context(engine, source_slots, prompt_ids, decode_tokens)
     engine.abort(source_rid)  # frees its pages only after the copies were made
     engine.step()  # first decode step (warm-up)
@@ -83,6 +85,26 @@ def measure(loaded, attention: str, context_len: int, decode_tokens: int, top_k_
     return steps / elapsed
 
 
+def measure_llama_cpp(model_path, prompt_ids: list[int], decode_tokens: int, threads: int) -> float:
+    """llama.cpp's batch-1 decode tok/s after prefilling ``prompt_ids`` (raises PeerUnavailable)."""
+    from benchmarks.peers.llama_cpp import LlamaCppPeer
+
+    with LlamaCppPeer(model_path, len(prompt_ids) + decode_tokens + 16, threads=threads) as peer:
+        return peer.decode_tokens_per_s([prompt_ids], decode_tokens + 1)
+
+
+def _source_ids(loaded) -> list[int]:
+    """The real prompt (``SOURCE_TOKENS`` tokens) whose pages fill every context."""
+    words = ["river", "stone", "signal", "paper", "orbit", "lantern", "maple", "copper", "cloud", "alpha"]
+    text = " ".join(f"{words[(i * 7) % len(words)]}{i % 17}" for i in range(2 * SOURCE_TOKENS))
+    return loaded.tokenizer.encode(text)[:SOURCE_TOKENS]
+
+
+def _context_ids(source_ids: list[int], context_len: int) -> list[int]:
+    """The token sequence decoded after: the source prompt repeated to ``context_len``."""
+    return [source_ids[i % SOURCE_TOKENS] for i in range(context_len)]
+
+
 def main(argv: list[str] | None = None) -> int:
     from services.decoder.model.loader import load_model
     from services.decoder.model.model_store import resolve_model_path
@@ -92,19 +114,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-tokens", type=int, default=24)
     parser.add_argument("--top-k-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    loaded = load_model(resolve_model_path(None))
+    model_path = resolve_model_path(None)
+    loaded = load_model(model_path)
+    llama_cpp = {"unavailable": "--skip-llama-cpp"} if args.skip_llama_cpp else {}
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = []
     for context_len in contexts:
         dense = measure(loaded, "dense", context_len, args.decode_tokens, args.top_k_tokens)
         sparse = measure(loaded, "sparse", context_len, args.decode_tokens, args.top_k_tokens)
-        rows.append({"context_len": context_len, "dense_tokens_per_s": dense, "sparse_tokens_per_s": sparse,
-                     "sparse_vs_dense": sparse / dense,
-                     "beyond_trained_context": context_len > loaded.config.max_position_embeddings})
-        print(f"context {context_len:6d}: dense {dense:6.1f} tok/s  sparse {sparse:6.1f} tok/s  ratio {sparse / dense:4.2f}x")
+        row = {"context_len": context_len, "dense_tokens_per_s": dense, "sparse_tokens_per_s": sparse,
+               "sparse_vs_dense": sparse / dense,
+               "beyond_trained_context": context_len > loaded.config.max_position_embeddings}
+        if "unavailable" not in llama_cpp:
+            try:
+                peer = measure_llama_cpp(model_path, _context_ids(_source_ids(loaded), context_len),
+                                         args.decode_tokens, args.threads)
+                row.update(llama_cpp_dense_tokens_per_s=peer, dense_vs_llama_cpp=dense / peer,
+                           sparse_vs_llama_cpp=sparse / peer)
+            except PeerUnavailable as exc:
+                llama_cpp["unavailable"] = str(exc)
+        rows.append(row)
+        peer_s = f"  llama.cpp {row['llama_cpp_dense_tokens_per_s']:6.1f} tok/s" if "llama_cpp_dense_tokens_per_s" in row else ""
+        print(f"context {context_len:6d}: dense {dense:6.1f} tok/s  sparse {sparse:6.1f} tok/s  "
+              f"ratio {sparse / dense:4.2f}x{peer_s}")
     by_len = {r["context_len"]: r for r in rows}
     targets = {}
     if 32768 in by_len:
@@ -119,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                      "recent_pages": 4, "threads": args.threads, "dtype": "float32", "batch": 1,
                      "context_fill": f"pages replicated from a real {SOURCE_TOKENS}-token prefill"},
         "rows": rows,
+        "llama_cpp": llama_cpp or {"weights": "the GGUF's own quantization (llama.cpp kernels)", "fill": "real prefill"},
         "targets": targets,
     }
     out_dir = Path(args.out) if args.out else results_dir()
@@ -137,6 +174,9 @@ def _plot(rows: list[dict], path: Path, trained_len: int) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(xs, [r["dense_tokens_per_s"] for r in rows], "o-", label="dense")
     ax.plot(xs, [r["sparse_tokens_per_s"] for r in rows], "s-", label="sparse (top-k 2048 tokens)")
+    peer = [(r["context_len"], r["llama_cpp_dense_tokens_per_s"]) for r in rows if "llama_cpp_dense_tokens_per_s" in r]
+    if peer:
+        ax.plot(*zip(*peer), "^--", label="llama.cpp dense (quantized GGUF)")
     ax.axvline(trained_len, color="gray", linestyle=":", label="trained context (beyond: throughput only)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context tokens")

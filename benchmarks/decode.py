@@ -1,9 +1,11 @@
-"""Decode throughput: our runtime vs transformers on the same GGUF, same machine, one run.
+"""Decode throughput: our runtime vs transformers and llama.cpp on the same GGUF, same machine, one run.
 
 Figures (all greedy, fp32 unless --dtype says otherwise):
 - batch-1 decode tok/s with a ~128-token and a ~2,000-token prompt (prefill excluded);
 - aggregate decode tok/s with 8 concurrent requests (window in which all 8 are decoding);
 - the memory-bandwidth bound: measured read bandwidth / weight bytes read per step.
+llama.cpp (optional extra, ``benchmarks/peers/llama_cpp.py``) runs the GGUF's quantized weights;
+without it the JSON records why it was not measured.
 Writes ``results/<date>-<machine>/decode.json`` and ``decode.png``.
 
 Run: ``python -m benchmarks.decode`` or ``dhisparse bench decode [-- --decode-tokens 64]``.
@@ -92,6 +94,25 @@ def bench_transformers(hf, prompts: list[list[int]], decode_tokens: int, repeats
     return best
 
 
+def bench_llama_cpp(model_path, short: list[int], long_: list[int], concurrent: list[list[int]], args) -> dict:
+    """The same three figures from llama.cpp on the same GGUF (best of ``repeats``), or
+    ``{"unavailable": reason}``."""
+    from benchmarks.peers.llama_cpp import LlamaCppPeer, PeerUnavailable
+
+    try:
+        with LlamaCppPeer(model_path, 4096, n_seq=len(concurrent), threads=args.threads) as peer:
+            best = {}
+            for key, prompts in (("batch1_prompt128_tokens_per_s", [short]),
+                                 ("batch1_prompt2000_tokens_per_s", [long_]),
+                                 ("concurrent8_aggregate_decode_tokens_per_s", concurrent)):
+                best[key] = max(peer.decode_tokens_per_s(prompts, args.decode_tokens) for _ in range(args.repeats))
+            best["version"] = peer.version
+            best["weights"] = "the GGUF's own quantization (llama.cpp kernels)"
+            return best
+    except PeerUnavailable as exc:
+        return {"unavailable": str(exc)}
+
+
 def run(args: argparse.Namespace) -> dict:
     from dhisparse import LLM
     from services.decoder.model.loader import load_model
@@ -125,7 +146,10 @@ def run(args: argparse.Namespace) -> dict:
             "batch1_prompt2000_tokens_per_s": bench_transformers(hf, [long_], args.decode_tokens, args.repeats),
             "concurrent8_aggregate_decode_tokens_per_s": bench_transformers(hf, concurrent, args.decode_tokens, 1),
         }
+    llama_cpp = {} if args.skip_llama_cpp else bench_llama_cpp(model_path, short, long_, concurrent, args)
     ratios = {k: ours[k] / peer[k] for k in peer if k in ours and peer[k] > 0}
+    ratios.update({f"{k}_vs_llama_cpp": ours[k] / v for k, v in llama_cpp.items()
+                   if k in ours and isinstance(v, float) and v > 0})
     ratios["concurrent8_vs_our_batch1"] = ours["concurrent8_aggregate_decode_tokens_per_s"] / ours["batch1_prompt128_tokens_per_s"]
     ratios["batch1_prompt128_fraction_of_bandwidth_bound"] = ours["batch1_prompt128_tokens_per_s"] / bound
     result = {
@@ -138,6 +162,7 @@ def run(args: argparse.Namespace) -> dict:
         "bandwidth_bound_tokens_per_s": bound,
         "ours": ours,
         "transformers": peer,
+        "llama_cpp": llama_cpp,
         "ratios": ratios,
         "targets": {"batch1_vs_transformers": 2.0, "concurrent8_vs_our_batch1": 4.0},
     }
@@ -154,9 +179,12 @@ def _plot(result: dict, path: Path) -> None:
     labels = [k.replace("_tokens_per_s", "").replace("_", "\n") for k in keys]
     xs = range(len(keys))
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.bar([x - 0.2 for x in xs], [result["ours"][k] for k in keys], width=0.4, label="dhisparse")
-    if result["transformers"]:
-        ax.bar([x + 0.2 for x in xs], [result["transformers"].get(k, 0) for k in keys], width=0.4, label="transformers")
+    peers = [(name, result[key]) for name, key in (("transformers", "transformers"), ("llama.cpp", "llama_cpp"))
+             if any(isinstance(result.get(key, {}).get(k), float) for k in keys)]
+    width = 0.8 / (1 + len(peers))
+    ax.bar([x - 0.4 + width / 2 for x in xs], [result["ours"][k] for k in keys], width=width, label="dhisparse")
+    for i, (name, figures) in enumerate(peers, start=1):
+        ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [figures.get(k, 0) for k in keys], width=width, label=name)
     ax.axhline(result["bandwidth_bound_tokens_per_s"], color="gray", linestyle="--", label="batch-1 bandwidth bound")
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_ylabel("decode tokens/s")
@@ -174,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--out", default=None, help="output folder (default results/<date>-<machine>/)")
     args = parser.parse_args([a for a in (argv or []) if a != "--"] if argv is not None else None)
     result = run(args)
@@ -182,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in result["ours"].items():
         peer = result["transformers"].get(key)
         peer_s = f"  transformers {peer:7.1f}  ratio {value / peer:4.2f}x" if peer else ""
-        print(f"{key:50s} ours {value:7.1f}{peer_s}")
+        lcpp = result["llama_cpp"].get(key)
+        lcpp_s = f"  llama.cpp {lcpp:7.1f}  ratio {value / lcpp:4.2f}x" if isinstance(lcpp, float) else ""
+        print(f"{key:50s} ours {value:7.1f}{peer_s}{lcpp_s}")
+    if "unavailable" in result["llama_cpp"]:
+        print(f"llama.cpp not measured: {result['llama_cpp']['unavailable']}")
     for key, value in result["ratios"].items():
         print(f"{key:50s} {value:.2f}")
     return 0

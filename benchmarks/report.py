@@ -30,6 +30,15 @@ def _decode(d: dict) -> Iterator[Row]:
            ratios["concurrent8_vs_our_batch1"] >= 4)
     yield ("batch 1 vs the weight-bandwidth bound", "tok/s", ours["batch1_prompt128_tokens_per_s"],
            d["bandwidth_bound_tokens_per_s"], ratios["batch1_prompt128_fraction_of_bandwidth_bound"], "", None)
+    lcpp = d.get("llama_cpp") or {"unavailable": "not in this decode.json"}
+    if "unavailable" in lcpp:
+        yield (f"vs llama.cpp: not measured ({lcpp['unavailable'].split(':')[0]})", "", None, None, None, "", None)
+        return
+    for key, label in (("batch1_prompt128_tokens_per_s", "decode batch 1, 128-token prompt"),
+                       ("batch1_prompt2000_tokens_per_s", "decode batch 1, 2,000-token prompt"),
+                       ("concurrent8_aggregate_decode_tokens_per_s", "decode 8 concurrent (aggregate)")):
+        yield (f"{label} vs llama.cpp (quantized GGUF)", "tok/s", ours[key], lcpp[key], ratios[f"{key}_vs_llama_cpp"],
+               "", None)
 
 
 def _context_sweep(d: dict) -> Iterator[Row]:
@@ -40,6 +49,11 @@ def _context_sweep(d: dict) -> Iterator[Row]:
         note = " (beyond trained context)" if r.get("beyond_trained_context") else ""
         yield (f"sparse vs dense decode at {ctx} tokens{note}", "tok/s", r["sparse_tokens_per_s"],
                r["dense_tokens_per_s"], r["sparse_vs_dense"], target, ok)
+        if "llama_cpp_dense_tokens_per_s" in r:
+            yield (f"dense decode at {ctx} tokens vs llama.cpp dense{note}", "tok/s", r["dense_tokens_per_s"],
+                   r["llama_cpp_dense_tokens_per_s"], r["dense_vs_llama_cpp"], "", None)
+            yield (f"sparse decode at {ctx} tokens vs llama.cpp dense{note}", "tok/s", r["sparse_tokens_per_s"],
+                   r["llama_cpp_dense_tokens_per_s"], r["sparse_vs_llama_cpp"], "", None)
 
 
 def _sparse_quality(d: dict) -> Iterator[Row]:

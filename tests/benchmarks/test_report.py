@@ -21,3 +21,27 @@ def test_report_rows_ratios_and_verdicts(tmp_path):
                for line in lines)
     assert "| decode | not run (no `decode.json`) | | | | | | |" in lines
     assert "gpu kernels" not in text  # no GPU folder given
+
+
+def _decode_json(llama_cpp: dict) -> dict:
+    keys = ("batch1_prompt128_tokens_per_s", "batch1_prompt2000_tokens_per_s", "concurrent8_aggregate_decode_tokens_per_s")
+    ours = dict(zip(keys, (40.0, 30.0, 160.0), strict=True))
+    ratios = {k: ours[k] / 20.0 for k in keys}
+    ratios.update({f"{k}_vs_llama_cpp": ours[k] / llama_cpp[k] for k in keys if k in llama_cpp})
+    ratios.update(concurrent8_vs_our_batch1=4.0, batch1_prompt128_fraction_of_bandwidth_bound=0.5)
+    return {"ours": ours, "transformers": dict.fromkeys(keys, 20.0), "llama_cpp": llama_cpp, "ratios": ratios,
+            "bandwidth_bound_tokens_per_s": 80.0}
+
+
+def test_llama_cpp_rows_or_the_reason_it_was_not_measured(tmp_path):
+    (tmp_path / "decode.json").write_text(json.dumps(_decode_json(
+        {"batch1_prompt128_tokens_per_s": 80.0, "batch1_prompt2000_tokens_per_s": 60.0,
+         "concurrent8_aggregate_decode_tokens_per_s": 320.0})))
+    lines = build(tmp_path).splitlines()
+    assert ("| decode | decode batch 1, 128-token prompt vs llama.cpp (quantized GGUF) | tok/s | 40 | 80 | 0.5 |  |  |"
+            in lines)
+    assert any("8 concurrent (aggregate) vs llama.cpp" in line and "| 160 | 320 | 0.5 |" in line for line in lines)
+    (tmp_path / "decode.json").write_text(json.dumps(_decode_json(
+        {"unavailable": "llama-cpp-python is not installed: pip install -e '.[llamacpp]' builds it"})))
+    lines = build(tmp_path).splitlines()
+    assert "| decode | vs llama.cpp: not measured (llama-cpp-python is not installed) |  |  |  |  |  |  |" in lines
