@@ -56,9 +56,11 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         redis_client = aioredis.Redis.from_url(config.redis_url)
     registry = DecoderRegistry(redis_client, config.decoder_addresses, config.registry_refresh_s,
                                Keys(config.namespace))
-    client = DecoderClient(registry, config.max_decoder_attempts, config.retry_after_s,
-                           security=InternalSecurity.of(config), resume_timeout_s=config.resume_timeout_s)
     metrics = GatewayMetrics(registry)
+    client = DecoderClient(registry, config.max_decoder_attempts, config.retry_after_s,
+                           security=InternalSecurity.of(config), resume_timeout_s=config.resume_timeout_s,
+                           on_resume=lambda cause, outcome: metrics.resumes.labels(cause, outcome).inc(),
+                           keepalive_s=config.decoder_keepalive_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 
 import grpc
 
@@ -103,6 +104,7 @@ class DecoderStream:
         """Continues the request on a live decoder: with ``resume`` once tokens were delivered, as
         a fresh request when the decoder handed it off before its first token."""
         handed_off = self._resume_reason == HANDOFF
+        cause = "handoff" if handed_off else "decoder_lost"
         self.client._release(self.decoder.address)
         self._holding = False
         request = pb.GenerateRequest()
@@ -112,7 +114,12 @@ class DecoderStream:
                                                   num_streamed_chars=self.num_streamed_chars))
         # a draining decoder is out of routing anyway; a killed one may come back at its address
         exclude = frozenset({self.decoder.address}) if handed_off else frozenset()
-        self.decoder, self._call, self._first = await self.client.reopen(request, self.model, exclude)
+        try:
+            self.decoder, self._call, self._first = await self.client.reopen(request, self.model, exclude)
+        except APIError:
+            self.client.on_resume(cause, "failed")
+            raise
+        self.client.on_resume(cause, "resumed")
         self._holding = True
         self._resume_reason = None
         self.num_resumes += 1
@@ -132,7 +139,10 @@ class DecoderStream:
 
 class DecoderClient:
     def __init__(self, registry: DecoderRegistry, max_attempts: int = 3, retry_after_s: int = 1,
-                 security: InternalSecurity | None = None, resume_timeout_s: float = 60.0):
+                 security: InternalSecurity | None = None, resume_timeout_s: float = 60.0,
+                 on_resume: Callable[[str, str], None] = lambda cause, outcome: None, keepalive_s: float = 10.0):
+        self.keepalive_s = keepalive_s  # HTTP/2 ping interval and ping timeout of streams to decoders
+        self.on_resume = on_resume  # (cause "handoff" | "decoder_lost", outcome "resumed" | "failed")
         self.security = security or InternalSecurity()  # the decoders' internal token / TLS
         self.registry = registry
         self.max_attempts = max_attempts
@@ -145,7 +155,17 @@ class DecoderClient:
 
     def stub(self, address: str) -> pb_grpc.DecoderStub:
         if address not in self._stubs:
-            self._channels[address] = self.security.aio_channel(address)
+            # while a call is open, ping every keepalive_s and drop the connection when a ping is not
+            # answered within keepalive_s: a frozen decoder (SIGSTOP, a hung host, a cut network)
+            # keeps its TCP connection, and its streams would otherwise hang forever. The broken
+            # stream then fails (or resumes elsewhere, if resumable) like a killed decoder's.
+            ms = int(self.keepalive_s * 1000)
+            self._channels[address] = self.security.aio_channel(address, options=[
+                ("grpc.keepalive_time_ms", ms), ("grpc.keepalive_timeout_ms", ms),
+                # every ping's ack deadline (gRPC's own flow-control pings included: 60 s by default,
+                # and a keepalive ping waits behind one that is unanswered)
+                ("grpc.http2.ping_timeout_ms", ms),
+                ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 0)])
             self._stubs[address] = pb_grpc.DecoderStub(self._channels[address])
         return self._stubs[address]
 

@@ -69,6 +69,10 @@ class GatewayMetrics:
         self.bytes_written = Counter("dhisparse_gateway_kv_bytes_written", "bytes hot pool -> host pool", registry=r)
         self.residency = Counter("dhisparse_gateway_requests_by_residency_mode", "finished requests per final mode",
                                  ["mode"], registry=r)
+        self.resumes = Counter("dhisparse_gateway_stream_resumes",
+                               "streams re-opened on another (or a restarted) decoder, by cause (handoff: drain "
+                               "deadline; decoder_lost: stream broke) and outcome (resumed, failed)",
+                               ["cause", "outcome"], registry=r)
         if decoders is not None:
             r.register(_DecoderCollector(decoders))
 

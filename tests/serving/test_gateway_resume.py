@@ -63,6 +63,12 @@ def start_decoder():
         server.stop(None)
 
 
+def resume_count(metrics: str, cause: str, outcome: str) -> float:
+    """The gateway's ``dhisparse_gateway_stream_resumes_total`` sample for (cause, outcome); 0 if absent."""
+    prefix = f'dhisparse_gateway_stream_resumes_total{{cause="{cause}",outcome="{outcome}"}} '
+    return sum(float(line[len(prefix):]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
 def streamed(response) -> tuple[str, list]:
     events = sse_events(response.text)
     return "".join(c["text"] for e in events for c in e.get("choices", [])), events
@@ -74,7 +80,10 @@ def test_a_resumable_stream_continues_on_another_decoder(start_decoder, cut_mode
     addresses = [start_decoder(first), start_decoder(second)]
     with gateway(addresses, resume_timeout_s=5) as client:
         text, events = streamed(client.post("/v1/completions", json=BODY))
+        metrics = client.get("/metrics").text
     assert text == "".join(WORDS)  # every word once, in order
+    cause = "handoff" if cut_mode == "handoff" else "decoder_lost"
+    assert resume_count(metrics, cause, "resumed") == 1 and resume_count(metrics, cause, "failed") == 0
     assert events[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
     assert [e["choices"][0]["finish_reason"] for e in events if e.get("choices")][-1] == "stop"
     served = [f for f in (first, second) if f.requests and not f.requests[0].HasField("resume")]
@@ -105,7 +114,9 @@ def test_a_resume_no_decoder_accepts_ends_with_an_error_after_the_timeout(start_
     addresses = [start_decoder(f) for f in fakes]
     with gateway(addresses, resume_timeout_s=1) as client:
         text, events = streamed(client.post("/v1/completions", json=BODY))
+        metrics = client.get("/metrics").text
     assert text == "".join(WORDS[:3])
+    assert resume_count(metrics, "handoff", "failed") == 1 and resume_count(metrics, "handoff", "resumed") == 0
     error = events[-1]["error"]
     assert error["type"] == "server_error" and "no decoder resumed" in error["message"], error
     assert "cannot resume" in error["message"]
