@@ -242,7 +242,8 @@ def _tcp_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
+def parse_options(argv: list[str] | None = None, prog: str = "dhisparse up") -> StackOptions:
+    """``dhisparse up``'s command line -> the stack's options."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1", help="address every service binds to")
     parser.add_argument("--port", type=int, default=8000, help="gateway HTTP port")
@@ -256,6 +257,9 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
     parser.add_argument("--attention", choices=["dense", "sparse"], help="decoder attention (default: dense)")
     parser.add_argument("--residency", choices=["adaptive", "always-sparse", "always-full"],
                         help="decoder hot-tier policy (default: adaptive with kvtier and sparse attention)")
+    parser.add_argument("--resumable-requests", action="store_true",
+                        help="the decoder marks requests resumable in kvtier: a restarted or another decoder "
+                             "continues a killed decoder's streams without prefilling them again")
     parser.add_argument("--internal-tls-cert", type=Path, help="PEM cert: kvtier and decoder serve gRPC over TLS")
     parser.add_argument("--internal-tls-key", type=Path, help="PEM private key of --internal-tls-cert")
     parser.add_argument("--internal-tls-ca", type=Path, help="PEM CA the decoder and gateway verify servers with")
@@ -265,7 +269,11 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
                         help="mutual TLS: PEM client certificate the decoder and gateway present")
     parser.add_argument("--internal-tls-client-key", type=Path, help="PEM private key of --internal-tls-client-cert")
     args = parser.parse_args(argv)
+    if args.resumable_requests and args.no_kvtier:
+        parser.error("--resumable-requests keeps requests in kvtier: it cannot go with --no-kvtier")
     decoder_args = ["--model", args.model] if args.model else []
+    if args.resumable_requests:
+        decoder_args.append("--resumable-requests")
     for flag in ("attention", "residency"):
         if getattr(args, flag):
             decoder_args += [f"--{flag}", getattr(args, flag)]
@@ -277,6 +285,11 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
                            internal_tls_client_ca=args.internal_tls_client_ca,
                            internal_tls_client_cert=args.internal_tls_client_cert,
                            internal_tls_client_key=args.internal_tls_client_key)
+    return options
+
+
+def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
+    options = parse_options(argv, prog)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -286,7 +299,7 @@ def main(argv: list[str] | None = None, prog: str = "dhisparse up") -> int:
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    auth = f" -H 'Authorization: Bearer {args.api_key[0]}'" if args.api_key else ""
+    auth = f" -H 'Authorization: Bearer {options.api_keys[0]}'" if options.api_keys else ""
     print(f"\ndhisparse is up: {stack.url}  (OpenAI-compatible; logs in {stack.workdir})\n"
           f"  curl {stack.url}/v1/chat/completions{auth} -H 'Content-Type: application/json' \\\n"
           f"    -d '{{\"model\": \"SmolLM2-135M-Instruct\", \"messages\": [{{\"role\": \"user\", "

@@ -24,6 +24,7 @@ FLAGS = {
     "--page-size": ("page_size", int, "tokens per page"),
     "--model-id": ("model_id", str, "model of the pages (default: bound by the first attach)"),
     "--lease-ttl-s": ("lease_ttl_s", float, "seconds a silent decoder keeps its pages"),
+    "--resumable-ttl-s": ("resumable_ttl_s", float, "seconds a dead decoder's resumable requests wait for a claim"),
     "--reap-interval-s": ("reap_interval_s", float, "lease check period in seconds"),
     # the internal token is read from DHISPARSE_KVTIER_INTERNAL_TOKEN only (a flag would show in ps)
     "--internal-tls-cert": ("internal_tls_cert", str, "PEM certificate: serve gRPC over TLS"),

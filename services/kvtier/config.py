@@ -33,6 +33,9 @@ class KvtierConfig(BaseSettings):
     page_size: int = Field(16, gt=0, description="tokens per page")
     model_id: str = Field("", description="model whose pages the pool holds; empty = bound by the first attach")
     lease_ttl_s: float = Field(10.0, gt=0, description="a decoder silent this long loses its non-resumable pages")
+    resumable_ttl_s: float = Field(300.0, gt=0, description="a resumable request whose decoder's lease ended is "
+                                   "freed this long after, unless a decoder claims it (keep above the gateways' "
+                                   "resume_timeout_s)")
     reap_interval_s: float | None = Field(None, gt=0, description="lease check period; None = lease_ttl_s / 4")
     # Internal gRPC security (services/rpc/auth.py): every call must carry the token; TLS with a cert and key.
     internal_token: SecretStr | None = Field(None, description="shared internal gRPC token; None = no check")

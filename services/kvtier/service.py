@@ -5,6 +5,9 @@ Every public method holds one lock, validates its whole input first and raises `
 (nothing changed) on bad input; then it persists to Redis and applies in memory.
 Ownership: each request belongs to the decoder that allocated it (or claimed it in ``lookup``);
 only the owner may allocate, commit, free, mark or look it up (learn its host page ids).
+Orphans: when a decoder's lease ends (expiry or detach) its non-resumable requests are freed at
+once; its resumable ones wait ``resumable_ttl_s`` for another (or the restarted) decoder to claim
+them, then are freed too, so that a request nobody resumes never holds pages for ever.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class KvtierService:
         self._model_id = info.get("model_id", "")
         self.page_table = PageTable(client, self._keys, self.instance)
         self.leases = Leases(client, self._keys, self.instance, config.lease_ttl_s, clock)
+        self._clock = clock
+        self._orphaned_since: dict[str, float] = {}  # resumable request -> when its owner's lease ended
         if self.pool.created:
             self.allocator = HostPageAllocator(config.num_host_pages)
         else:
@@ -78,6 +83,9 @@ class KvtierService:
             self.leases.load()
             self.leases.grant_grace()
             self.allocator = HostPageAllocator(config.num_host_pages, self.page_table.used_pages())
+            for e in self.page_table.entries():  # orphaned before the restart: their wait starts again now
+                if not self.leases.has(e.owner):
+                    self._orphaned_since[e.request_id] = clock()
             log.info("recovered %d requests, %d used host pages", len(self.page_table), self.allocator.num_used_pages)
         self.layout = PageLayout(config.dtype, config.num_layers, config.num_kv_heads, config.head_dim, config.page_size)
         self._closed = False
@@ -135,8 +143,8 @@ class KvtierService:
 
     def reap_expired(self) -> list[str]:
         """Frees the non-resumable requests of every decoder whose lease ran out and drops those
-        leases (resumable requests stay, owned by the dead decoder until claimed); returns the
-        freed request ids."""
+        leases (resumable requests stay, owned by the dead decoder until claimed), then frees the
+        resumable requests nobody claimed within ``resumable_ttl_s``; returns the freed ids."""
         with self._lock:
             freed: list[str] = []
             for decoder_id in self.leases.expired():
@@ -144,7 +152,23 @@ class KvtierService:
                 self.leases.drop(decoder_id)
                 log.warning("lease of decoder %r expired: freed %d requests", decoder_id, len(released))
                 freed += released
-            return freed
+            return freed + self._free_unclaimed_orphans()
+
+    def _free_unclaimed_orphans(self) -> list[str]:
+        now = self._clock()
+        due = [rid for rid, since in self._orphaned_since.items() if now - since >= self.config.resumable_ttl_s]
+        victims = []
+        for rid in due:
+            del self._orphaned_since[rid]
+            entry = self.page_table.get(rid)
+            if entry is not None and not self.leases.has(entry.owner):  # nobody claimed it
+                victims.append(entry)
+        if victims:
+            self.page_table.apply(PageTableUpdate(removals=[e.request_id for e in victims]))
+            self.allocator.free([p for e in victims for p in e.host_pages])
+            log.warning("freed %d resumable requests nobody claimed within %g s: %s", len(victims),
+                        self.config.resumable_ttl_s, [e.request_id for e in victims])
+        return [e.request_id for e in victims]
 
     # --- pages --------------------------------------------------------------------------------
     def step(
@@ -268,6 +292,8 @@ class KvtierService:
                 changed = {e.request_id: decoder_id for e in entries if e.owner != decoder_id}
                 if changed:
                     self.page_table.apply(PageTableUpdate(owners=changed))
+                for e in entries:
+                    self._orphaned_since.pop(e.request_id, None)
             return [
                 RequestPagesInfo(e.request_id, list(e.host_pages), e.num_committed, e.owner, e.resumable)
                 for e in entries
@@ -349,6 +375,10 @@ class KvtierService:
         return entry
 
     def _release_decoder(self, decoder_id: str) -> list[str]:
+        """Its lease is ending: frees its non-resumable requests, starts the wait of the others."""
+        for e in self.page_table.requests_of(decoder_id):
+            if e.resumable:
+                self._orphaned_since[e.request_id] = self._clock()
         victims = [e for e in self.page_table.requests_of(decoder_id) if not e.resumable]
         if not victims:
             return []

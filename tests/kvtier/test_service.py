@@ -151,3 +151,48 @@ def test_one_process_per_instance(make_service):
     make_service()
     with pytest.raises(RuntimeError, match="already served"):
         make_service()
+
+
+def test_resumable_requests_nobody_claims_are_freed_after_their_ttl(make_service):
+    """A dead decoder's resumable request waits ``resumable_ttl_s`` after the lease ended for a
+    claim, then is freed: no page is held for ever by a request nobody resumes. A claimed one stays."""
+    clock = Clock()
+    svc = make_service(clock=clock, lease_ttl_s=5.0, resumable_ttl_s=30.0)
+    svc.attach("dead", "m", LAYOUT)
+    svc.allocate("dead", [A("orphan", 2), A("claimed", 1), A("plain", 1)])
+    svc.mark_resumable("dead", ["orphan", "claimed"])
+    clock.now += 6.0
+    assert svc.reap_expired() == ["plain"]  # the lease ended at t = 6: the wait starts
+    clock.now += 10.0
+    svc.attach("heir", "m", LAYOUT)
+    svc.lookup("heir", ["claimed"], claim=True)
+    clock.now += 19.0  # 29 s after the lease ended
+    svc.heartbeat("heir")
+    assert svc.reap_expired() == []
+    clock.now += 1.0
+    assert svc.reap_expired() == ["orphan"]
+    assert svc.page_table.get("orphan") is None and svc.page_table.get("claimed").owner == "heir"
+    assert svc.allocator.num_used_pages == 1 and svc.check_integrity()
+    # the heir dies too: its claimed request starts a fresh wait from its own lease's end
+    clock.now += 6.0
+    assert svc.reap_expired() == []
+    clock.now += 29.0
+    assert svc.reap_expired() == []
+    clock.now += 1.0
+    assert svc.reap_expired() == ["claimed"] and svc.allocator.num_used_pages == 0
+
+
+def test_after_a_restart_orphans_wait_a_full_ttl_again(make_service):
+    clock = Clock()
+    svc = make_service(clock=clock, lease_ttl_s=5.0, resumable_ttl_s=30.0)
+    svc.attach("d0", "m", LAYOUT)
+    svc.allocate("d0", [A("r", 2)])
+    svc.mark_resumable("d0", ["r"])
+    svc.detach("d0")  # a drain hand-off: the lease ends, the resumable request stays
+    clock.now += 25.0
+    svc.shutdown(remove=False)
+    again = make_service(clock=clock, lease_ttl_s=5.0, resumable_ttl_s=30.0)
+    clock.now += 29.0  # 54 s after the detach, 29 s after the restart
+    assert again.reap_expired() == [] and again.page_table.get("r") is not None
+    clock.now += 1.0
+    assert again.reap_expired() == ["r"] and again.check_integrity()
