@@ -25,6 +25,7 @@ import torch
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.peers.llama_cpp import PeerUnavailable
 from benchmarks.plotting import pyplot
+from benchmarks.progress import echo, phase, progress
 
 SOURCE_TOKENS = 1024
 
@@ -123,14 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     llama_cpp = {"unavailable": "--skip-llama-cpp"} if args.skip_llama_cpp else {}
     contexts = [int(c) for c in args.contexts.split(",")]
     rows = []
+    bar = progress(desc="context_sweep", total=2 * len(contexts), unit="run")
     for context_len in contexts:
-        dense = measure(loaded, "dense", context_len, args.decode_tokens, args.top_k_tokens)
-        sparse = measure(loaded, "sparse", context_len, args.decode_tokens, args.top_k_tokens)
+        dense = phase(bar, f"{context_len} dense", measure, loaded, "dense", context_len, args.decode_tokens,
+                      args.top_k_tokens)
+        sparse = phase(bar, f"{context_len} sparse", measure, loaded, "sparse", context_len, args.decode_tokens,
+                       args.top_k_tokens)
         row = {"context_len": context_len, "dense_tokens_per_s": dense, "sparse_tokens_per_s": sparse,
                "sparse_vs_dense": sparse / dense,
                "beyond_trained_context": context_len > loaded.config.max_position_embeddings}
         if "unavailable" not in llama_cpp:
             try:
+                bar.set_postfix_str(f"{context_len} llama.cpp")
                 peer = measure_llama_cpp(model_path, _context_ids(_source_ids(loaded), context_len),
                                          args.decode_tokens, args.threads)
                 row.update(llama_cpp_dense_tokens_per_s=peer, dense_vs_llama_cpp=dense / peer,
@@ -139,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                 llama_cpp["unavailable"] = str(exc)
         rows.append(row)
         peer_s = f"  llama.cpp {row['llama_cpp_dense_tokens_per_s']:6.1f} tok/s" if "llama_cpp_dense_tokens_per_s" in row else ""
-        print(f"context {context_len:6d}: dense {dense:6.1f} tok/s  sparse {sparse:6.1f} tok/s  "
-              f"ratio {sparse / dense:4.2f}x{peer_s}")
+        echo(f"context {context_len:6d}: dense {dense:6.1f} tok/s  sparse {sparse:6.1f} tok/s  "
+             f"ratio {sparse / dense:4.2f}x{peer_s}")
+    bar.close()
     by_len = {r["context_len"]: r for r in rows}
     targets = {}
     if 32768 in by_len:

@@ -26,6 +26,7 @@ from benchmarks.machine import (
     write_json,
 )
 from benchmarks.plotting import pyplot
+from benchmarks.progress import phase, progress
 
 
 def _prompts(tokenizer, count: int, target_len: int) -> list[list[int]]:
@@ -123,30 +124,41 @@ def run(args: argparse.Namespace) -> dict:
     loaded = load_model(model_path)
     llm = LLM(loaded=loaded, dtype=args.dtype, kv_cache_tokens=16384, max_num_batched_tokens=2048)
     weight_bytes = llm.engine.model.weight_bytes_per_step
-    read_bw = measured_read_bandwidth_bytes_per_s()
+    bar = progress(desc="decode", unit="phase",
+                   total=5 + (0 if args.skip_transformers else 4) + (0 if args.skip_llama_cpp else 1))
+    read_bw = phase(bar, "read bandwidth", measured_read_bandwidth_bytes_per_s)
     bound = read_bw / weight_bytes
     short, long_ = _prompts(llm.tokenizer, 1, 128)[0], _prompts(llm.tokenizer, 1, 2000)[0]
     concurrent = _prompts(llm.tokenizer, 8, 128)
 
-    bench_ours(llm, short, 8, 1)  # warm-up
+    phase(bar, "warm-up", bench_ours, llm, short, 8, 1)
     ours = {
-        "batch1_prompt128_tokens_per_s": bench_ours(llm, short, args.decode_tokens, args.repeats),
-        "batch1_prompt2000_tokens_per_s": bench_ours(llm, long_, args.decode_tokens, args.repeats),
+        "batch1_prompt128_tokens_per_s": phase(bar, "ours batch-1 prompt 128", bench_ours, llm, short,
+                                               args.decode_tokens, args.repeats),
+        "batch1_prompt2000_tokens_per_s": phase(bar, "ours batch-1 prompt 2000", bench_ours, llm, long_,
+                                                args.decode_tokens, args.repeats),
     }
-    ours.update({f"concurrent8_{k}": v for k, v in bench_ours_concurrent(llm, concurrent, args.decode_tokens).items()})
+    ours.update({f"concurrent8_{k}": v for k, v in phase(bar, "ours 8 concurrent", bench_ours_concurrent, llm,
+                                                          concurrent, args.decode_tokens).items()})
 
     peer = {}
     if not args.skip_transformers:
         from transformers import AutoModelForCausalLM
 
         hf_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-        hf = AutoModelForCausalLM.from_pretrained(str(model_path.parent), gguf_file=model_path.name, dtype=hf_dtype).eval()
+        hf = phase(bar, "transformers load", AutoModelForCausalLM.from_pretrained, str(model_path.parent),
+                   gguf_file=model_path.name, dtype=hf_dtype).eval()
         peer = {
-            "batch1_prompt128_tokens_per_s": bench_transformers(hf, [short], args.decode_tokens, args.repeats),
-            "batch1_prompt2000_tokens_per_s": bench_transformers(hf, [long_], args.decode_tokens, args.repeats),
-            "concurrent8_aggregate_decode_tokens_per_s": bench_transformers(hf, concurrent, args.decode_tokens, 1),
+            "batch1_prompt128_tokens_per_s": phase(bar, "transformers batch-1 prompt 128", bench_transformers, hf,
+                                                   [short], args.decode_tokens, args.repeats),
+            "batch1_prompt2000_tokens_per_s": phase(bar, "transformers batch-1 prompt 2000", bench_transformers, hf,
+                                                    [long_], args.decode_tokens, args.repeats),
+            "concurrent8_aggregate_decode_tokens_per_s": phase(bar, "transformers 8 concurrent", bench_transformers,
+                                                               hf, concurrent, args.decode_tokens, 1),
         }
-    llama_cpp = {} if args.skip_llama_cpp else bench_llama_cpp(model_path, short, long_, concurrent, args)
+    llama_cpp = {} if args.skip_llama_cpp else phase(bar, "llama.cpp", bench_llama_cpp, model_path, short, long_,
+                                                     concurrent, args)
+    bar.close()
     ratios = {k: ours[k] / peer[k] for k in peer if k in ours and peer[k] > 0}
     ratios.update({f"{k}_vs_llama_cpp": ours[k] / v for k, v in llama_cpp.items()
                    if k in ours and isinstance(v, float) and v > 0})

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.plotting import pyplot
+from benchmarks.progress import echo, progress
 from benchmarks.sparse_quality.tasks import stdlib_documents
 from services.metadata.redis_server import RedisServer
 
@@ -129,19 +130,23 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the `finally` blocks stop kvtier and Redis (no stray process or segment)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = []
+    bar = progress(desc="residency", total=len(POLICIES) * len(args.concurrency), unit="run")
     with tempfile.TemporaryDirectory(prefix="dhs-bench-redis-") as directory:
         redis = RedisServer(directory=directory).start()
         try:
             for policy in POLICIES:
                 for conc in args.concurrency:
+                    bar.set_postfix_str(f"{policy} c={conc}")
                     kvtier = Kvtier(redis.url, host_pages, f"{policy}-{conc}")
                     try:
                         row = run_one(loaded, kvtier, policy, [ids for _, ids in docs[:conc]], args)
                     finally:
                         kvtier.stop()
                     rows.append(row)
-                    print(row, flush=True)
+                    bar.update()
+                    echo(str(row))
         finally:
+            bar.close()
             redis.stop()
 
     def tput(policy: str, conc: int) -> float:

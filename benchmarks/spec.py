@@ -23,6 +23,7 @@ import torch
 
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.plotting import pyplot
+from benchmarks.progress import echo, progress
 
 CODE_SNIPPET = '''def merge_intervals(intervals):
     """Merge overlapping [start, end] intervals and return them sorted."""
@@ -130,12 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(resolve_model_path(None))
     settings = parse_settings(args.settings)
     rows = []
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    bar = progress(desc="spec", unit="run",
+                   total=len(args.attention.split(",")) * len(args.kinds.split(",")) * len(concurrencies) * len(settings))
     for attention in args.attention.split(","):
         for kind in args.kinds.split(","):
-            for concurrency in (int(c) for c in args.concurrency.split(",")):
+            for concurrency in concurrencies:
                 prompts = build_prompts(loaded.tokenizer, kind, concurrency)
                 base = None
                 for spec, spec_tokens, budget in settings:
+                    bar.set_postfix_str(f"{attention} {kind} c={concurrency} {spec}:{spec_tokens}:{budget}")
                     figures = run_setting(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1), budget, attention)
                     outputs = figures.pop("outputs")
                     if base is None:
@@ -144,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
                            "spec_tokens": spec_tokens, "verify_budget": budget, **figures,
                            "speedup_vs_none": figures["tokens_per_s"] / base[0], "lossless": outputs == base[1]}
                     rows.append(row)
-                    print(f"{attention:6s} {kind:12s} c={concurrency:2d} {spec:6s} k={spec_tokens} {budget:8s}: "
-                          f"{figures['tokens_per_s']:7.1f} tok/s x{row['speedup_vs_none']:.2f}  "
-                          f"acc.len {figures['mean_acceptance_length']:.2f}  lossless={row['lossless']}", flush=True)
+                    bar.update()
+                    echo(f"{attention:6s} {kind:12s} c={concurrency:2d} {spec:6s} k={spec_tokens} {budget:8s}: "
+                         f"{figures['tokens_per_s']:7.1f} tok/s x{row['speedup_vs_none']:.2f}  "
+                         f"acc.len {figures['mean_acceptance_length']:.2f}  lossless={row['lossless']}")
+    bar.close()
     copy_c1 = [r for r in rows if r["kind"] == "code_edit" and r["concurrency"] == 1 and r["spec"] == "ngram"]
     targets = {"all_lossless": all(r["lossless"] for r in rows)}
     if copy_c1:

@@ -79,12 +79,18 @@ ALL_ON_CPU = ("decode", "context_sweep", "sparse_quality", "spec", "serve", "tra
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import importlib
+    import time
+
+    from benchmarks.progress import note
 
     rest = [a for a in args.rest if a != "--"]
     if args.which != "all":
         return importlib.import_module(BENCHMARKS[args.which]).main(rest)
     failed = []
-    for name in ALL_ON_CPU:  # each writes its JSON/PNG into results/<date>-<machine>/
+    started = time.monotonic()
+    for i, name in enumerate(ALL_ON_CPU, start=1):  # each writes its JSON/PNG into results/<date>-<machine>/
+        # progress: one "[i/n]" line per benchmark on stderr (an outer bar would fight their own bars and prints)
+        note(f"[{i}/{len(ALL_ON_CPU)}] {name} ({(time.monotonic() - started) / 60:.1f} min elapsed)")
         print(f"== bench {name}", flush=True)
         if importlib.import_module(BENCHMARKS[name]).main([]) != 0:
             failed.append(name)

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 
+from benchmarks.progress import progress
 from services.decoder.config import DecoderConfig
 from services.decoder.engine.engine import Engine
 from services.decoder.engine.sampling_params import SamplingParams
@@ -35,13 +36,16 @@ def encode_chat(engine: Engine, messages: list[dict]) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
 
 
-def run_closed_loop(loop: EngineLoop, prompts: list[list[int]], max_tokens: int, concurrency: int) -> dict:
+def run_closed_loop(loop: EngineLoop, prompts: list[list[int]], max_tokens: int, concurrency: int,
+                    desc: str | None = None) -> dict:
     """``concurrency`` client threads, each submitting the next prompt once its previous one
-    finished (like the HTTP load generator); returns output tokens, wall time and tokens/s."""
+    finished (like the HTTP load generator); returns output tokens, wall time and tokens/s. With
+    ``desc``, a progress bar (stderr) counts the completed requests."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     pending = list(prompts)
     lock = threading.Lock()
     counts: list[int] = []
+    bar = progress(desc=desc, total=len(prompts), unit="req") if desc else None
 
     def client() -> None:
         while True:
@@ -53,6 +57,8 @@ def run_closed_loop(loop: EngineLoop, prompts: list[list[int]], max_tokens: int,
             num_tokens = sum(len(output.token_ids) for output in handle)
             with lock:
                 counts.append(num_tokens)
+                if bar is not None:
+                    bar.update()
 
     start = time.perf_counter()
     threads = [threading.Thread(target=client, name=f"client-{i}") for i in range(concurrency)]
@@ -61,6 +67,8 @@ def run_closed_loop(loop: EngineLoop, prompts: list[list[int]], max_tokens: int,
     for thread in threads:
         thread.join()
     duration_s = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
     num_tokens = sum(counts)
     return {"output_tokens": num_tokens, "duration_s": duration_s, "output_tokens_per_s": num_tokens / duration_s}
 
@@ -73,7 +81,7 @@ def in_process_baseline(prompts: list[list[dict]], max_tokens: int, concurrency:
     try:
         ids = [encode_chat(engine, m) for m in prompts]
         run_closed_loop(loop, ids[:concurrency], 4, concurrency)  # warm-up (packs, allocator)
-        result = run_closed_loop(loop, ids, max_tokens, concurrency)
+        result = run_closed_loop(loop, ids, max_tokens, concurrency, desc="serve in-process")
     finally:
         loop.stop(timeout=30)
         engine.close()

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from benchmarks.progress import progress
+
 
 @dataclass
 class RequestRecord:
@@ -59,12 +61,15 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: 
 
 
 async def run_load(base_url: str, model: str, prompts: list[list[dict]], offsets_s: list[float], max_tokens: int,
-                   max_concurrency: int, api_key: str | None = None) -> tuple[list[RequestRecord], float]:
+                   max_concurrency: int, api_key: str | None = None,
+                   desc: str | None = None) -> tuple[list[RequestRecord], float]:
     """Sends every prompt at its offset (at most ``max_concurrency`` open); returns the records
-    and the wall time from the first send to the last completion."""
+    and the wall time from the first send to the last completion. With ``desc``, a progress bar
+    (stderr) counts the completed requests."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=max_concurrency + 4)
     semaphore = asyncio.Semaphore(max_concurrency)
+    bar = progress(desc=desc, total=len(prompts), unit="req") if desc else None
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         start = time.perf_counter()
 
@@ -73,10 +78,16 @@ async def run_load(base_url: str, model: str, prompts: list[list[dict]], offsets
             async with semaphore:
                 body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
                         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-                return await one_request(client, f"{base_url}/v1/chat/completions", body, headers)
+                record = await one_request(client, f"{base_url}/v1/chat/completions", body, headers)
+            if bar is not None:
+                bar.update()
+            return record
 
         records = await asyncio.gather(*(send(m, o) for m, o in zip(prompts, offsets_s)))
-        return list(records), time.perf_counter() - start
+        duration_s = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    return list(records), duration_s
 
 
 def percentiles_ms(values: list[float]) -> dict:

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> dict:
         asyncio.run(run_load(base_url, args.model, warm, [0.0] * len(warm), 4, args.concurrency, args.api_key))
         result.setdefault("load_avg_1min", {})["stack"] = os.getloadavg()[0]
         records, duration_s = asyncio.run(run_load(base_url, args.model, prompts, offsets, args.max_tokens,
-                                                   args.concurrency, args.api_key))
+                                                   args.concurrency, args.api_key, desc="serve"))
     finally:
         if stack is not None:
             stack.stop()

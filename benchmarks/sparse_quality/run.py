@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.machine import machine_info, results_dir, write_json
+from benchmarks.progress import echo, progress
 from benchmarks.sparse_quality.driver import (
     QUICK,
     Settings,
@@ -61,6 +62,7 @@ def run(settings: Settings, quick: bool, out_dir: Path | None = None, model: str
     in_flight = max([w * len(d) for w, d in ppl_docs.items()]
                     + [settings.greedy_window * max(len(greedy_prompts), 1)]
                     + [sum(len(c["prompt"]) + settings.passkey_tokens + 16 for c in passkey_cases)])
+    bar = progress(desc="sparse_quality", total=len(configs) * (len(ppl_docs) + 2), unit="phase")
     for budget in configs:
         label = budget_label(budget)
         t0 = time.perf_counter()
@@ -69,6 +71,7 @@ def run(settings: Settings, quick: bool, out_dir: Path | None = None, model: str
         # perplexity, per window (all documents of a window batched together)
         ppl[label] = {}
         for window, docs in ppl_docs.items():
+            bar.set_postfix_str(f"{label} perplexity {window}")
             reset_counters(llm)
             recs = teacher_forced_nll(llm, [ids for _, ids in docs], settings.ppl_scored_tokens)
             total_nll = sum(r["nll"] for r in recs)
@@ -83,12 +86,16 @@ def run(settings: Settings, quick: bool, out_dir: Path | None = None, model: str
                 ],
             }
             selection[label][f"perplexity_{window}"] = selection_ratio(llm)
+            bar.update()
         # greedy
+        bar.set_postfix_str(f"{label} greedy")
         reset_counters(llm)
         outs = llm.generate(greedy_prompts, SamplingParams(max_tokens=settings.greedy_tokens, ignore_eos=True))
         greedy[label] = [o.token_ids for o in outs]
         selection[label]["greedy"] = selection_ratio(llm)
+        bar.update()
         # passkey
+        bar.set_postfix_str(f"{label} passkey")
         reset_counters(llm)
         outs = llm.generate([c["prompt"] for c in passkey_cases],
                             SamplingParams(max_tokens=settings.passkey_tokens, ignore_eos=True))
@@ -98,9 +105,11 @@ def run(settings: Settings, quick: bool, out_dir: Path | None = None, model: str
             for c, o in zip(passkey_cases, outs)
         ]
         selection[label]["passkey"] = selection_ratio(llm)
+        bar.update()
         del llm
         timings[label] = time.perf_counter() - t0
-        print(f"[{label}] done in {timings[label]:.1f}s", flush=True)
+        echo(f"[{label}] done in {timings[label]:.1f}s")
+    bar.close()
 
     summary, targets = summarize(settings, ppl, greedy, passkey)
     result = {
