@@ -5,14 +5,14 @@ import pytest
 from dhisparse import LLM, SamplingParams
 from services.decoder.spec.verify_budget import (
     AcceptanceEstimate,
-    StepCostTable,
+    CostTable,
     choose_draft_length,
     choose_draft_lengths,
     expected_committed,
 )
 
-FLAT = StepCostTable((1, 64), (0.010, 0.010))  # memory-bound: verifying more tokens is free
-STEEP = StepCostTable((1, 2, 4, 8), (0.010, 0.020, 0.040, 0.080))  # compute-bound: cost per token
+FLAT = CostTable((1, 64), (0.010, 0.010))  # memory-bound: verifying more tokens is free
+STEEP = CostTable((1, 2, 4, 8), (0.010, 0.020, 0.040, 0.080))  # compute-bound: cost per token
 
 
 def test_expected_committed_is_one_plus_survival_products():
@@ -21,11 +21,11 @@ def test_expected_committed_is_one_plus_survival_products():
 
 
 def test_cost_table_interpolates_and_extrapolates():
-    assert STEEP.step_s(3) == pytest.approx(0.030)
-    assert STEEP.step_s(16) == pytest.approx(0.160)  # the last slope
-    assert FLAT.step_s(1000) == pytest.approx(0.010)
+    assert STEEP.seconds_at(3) == pytest.approx(0.030)
+    assert STEEP.seconds_at(16) == pytest.approx(0.160)  # the last slope
+    assert FLAT.seconds_at(1000) == pytest.approx(0.010)
     with pytest.raises(ValueError):
-        StepCostTable((4, 2), (0.1, 0.2))
+        CostTable((4, 2), (0.1, 0.2))
 
 
 def test_free_verification_takes_every_draft_token_and_steep_cost_takes_none():
@@ -36,14 +36,14 @@ def test_free_verification_takes_every_draft_token_and_steep_cost_takes_none():
 
 
 def test_middle_ground_batch_load_and_fetch_cost_shrink_the_budget():
-    mild = StepCostTable((1, 9), (0.010, 0.018))  # 1 ms per extra token
+    mild = CostTable((1, 9), (0.010, 0.018))  # 1 ms per extra token
     # rate(k) = E(k) / (10 + k) ms with p = 0.8: E = 1, 1.8, 2.44, 2.95, 3.36, 3.69, 3.95, 4.16: best k = 6
     assert choose_draft_length([0.8] * 8, 0, mild) == 6
     # a SPARSE request whose extra positions each fetch 2 ms of pages: (10 + 3k) ms, best k = 3
     assert choose_draft_length([0.8] * 8, 0, mild, fetch_s_per_position=0.002) == 3
     # free up to 8 batch tokens, then 2.5 ms per token: alone 7 drafts ride free; behind 12 other
     # tokens every draft token costs, and the budget drops to 5
-    knee = StepCostTable((1, 8, 16), (0.010, 0.010, 0.030))
+    knee = CostTable((1, 8, 16), (0.010, 0.010, 0.030))
     assert choose_draft_length([0.8] * 8, 0, knee) == 7
     assert choose_draft_length([0.8] * 8, 12, knee) == 5
 
@@ -52,7 +52,7 @@ def test_lengths_are_chosen_for_the_whole_step():
     """4 decoding requests, verification free up to 8 batch tokens, then 2.5 ms a token. Each
     request alone (3 other tokens) would take 4 free drafts; jointly only 4 free slots exist, so
     every request gets its best position: (4 + 4 x 0.9) / 10 ms beats (4 + 3.6 + 0.81) / 12.5 ms."""
-    knee = StepCostTable((1, 8, 16), (0.010, 0.010, 0.030))
+    knee = CostTable((1, 8, 16), (0.010, 0.010, 0.030))
     assert [choose_draft_length([0.9] * 4, 3, knee)] * 4 == [4, 4, 4, 4]
     assert choose_draft_lengths([[0.9] * 4] * 4, 4, 4, knee) == [1, 1, 1, 1]
     # the free slots go to the likeliest positions: 0.95, 0.95^2 = 0.90, 0.95^3 = 0.86, then one 0.85
@@ -60,18 +60,40 @@ def test_lengths_are_chosen_for_the_whole_step():
     # when verification costs what it commits, nobody drafts: never worse than no speculation
     assert choose_draft_lengths([[0.5] * 8] * 3, 3, 3, STEEP) == [0, 0, 0]
     # a SPARSE request whose positions fetch pages loses its slots to a FULL one
-    mild = StepCostTable((1, 9), (0.010, 0.018))
+    mild = CostTable((1, 9), (0.010, 0.018))
     assert choose_draft_lengths([[0.8] * 3, [0.8] * 3], 2, 2, mild, [0.0, 0.004]) == [3, 0]
 
 
-def test_acceptance_estimate_moves_towards_what_it_sees():
-    est = AcceptanceEstimate(rate=0.5, weight=0.5)
-    est.update(4, 4)
-    assert est.rate == pytest.approx(0.75)
+def test_acceptance_estimate_counts_accepted_positions_per_trial():
+    """p = accepted / (accepted + rejections), as moving averages: a draft fully accepted has no
+    rejection (the run was censored by the draft's end), a partial one ends with exactly one."""
+    est = AcceptanceEstimate(prior=0.5, weight=0.5)
+    assert est.rate == pytest.approx(0.5)  # one pseudo-trial at the prior
+    est.update(4, 4)  # accepted 0.5 * 0.5 + 0.5 * 4 = 2.25 of trials 0.5 * 1 + 0.5 * 4 = 2.5
+    assert est.rate == pytest.approx(0.9)
     est.update(0, 0)  # no draft: no information
-    assert est.rate == pytest.approx(0.75)
-    est.update(4, 0)
-    assert est.rate == pytest.approx(0.375)
+    assert est.rate == pytest.approx(0.9)
+    est.update(4, 0)  # accepted 1.125 of trials 1.25 + 0.5
+    assert est.rate == pytest.approx(1.125 / 1.75)
+    # a drafter with survival about 0.9 on 7-token drafts is read as about 0.9 (accepted / drafted
+    # would be 0.6)
+    steady = AcceptanceEstimate(weight=0.01)
+    for run in [7, 2, 9, 0, 14, 5, 3, 11, 6] * 200:  # accepted runs before the first rejection
+        steady.update(7, min(run, 7))
+    censored = [min(r, 7) for r in [7, 2, 9, 0, 14, 5, 3, 11, 6]]
+    rejections = sum(r < 7 for r in [7, 2, 9, 0, 14, 5, 3, 11, 6])
+    assert steady.rate == pytest.approx(sum(censored) / (sum(censored) + rejections), rel=0.02)
+
+
+def test_the_drafters_own_cost_is_charged_once_when_any_position_is_taken():
+    mild = CostTable((1, 9), (0.010, 0.018))
+    assert choose_draft_length([0.8] * 8, 0, mild) == 6
+    # 5 ms of drafter forward, paid by any draft: E(k) / (15 + k) ms is best at k = 7 (4.16 / 22 ms
+    # beats 4.33 / 23 ms): a fixed cost makes a taken draft longer, not shorter
+    assert choose_draft_lengths([[0.8] * 8], 1, 1, mild, draft_s=0.005) == [7]
+    # a drafter that costs more than anything its drafts can commit: nothing is drafted
+    assert choose_draft_lengths([[0.3] * 8], 1, 1, mild, draft_s=0.020) == [0]
+    assert choose_draft_lengths([[0.3] * 8], 1, 1, mild) != [0]
 
 
 def test_an_idle_estimate_drifts_back_to_the_prior():
@@ -92,8 +114,10 @@ def test_adaptive_budget_is_lossless_and_profiles_the_engine(loaded_model):
     params = SamplingParams(max_tokens=32, ignore_eos=True)
     plain = LLM(loaded=loaded_model).generate(prompts, params)
     adaptive = LLM(loaded=loaded_model, spec="ngram", spec_tokens=8, verify_budget="adaptive")
-    costs = adaptive.engine.speculator.step_costs
-    assert costs is not None and costs.tokens[0] == 1 and len(costs.tokens) >= 5 and min(costs.seconds) > 0
+    profile = adaptive.engine.speculator.profile
+    costs = profile.step_costs
+    assert costs.counts[0] == 1 and len(costs.counts) >= 5 and min(costs.seconds) > 0
+    assert profile.draft_costs.counts == (1, 4, 16) and min(profile.draft_costs.seconds) > 0
     assert adaptive.engine.allocator.num_free_slots == adaptive.engine.allocator.num_slots  # profile cleaned up
     outs = adaptive.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]

@@ -112,7 +112,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         if drafter is not None and self.config.verify_budget == "adaptive":
-            self.speculator.step_costs, self.speculator.fetch_s_per_page_layer = profile_engine(self)
+            self.speculator.profile = profile_engine(self)
 
     def attach_drafter(self, drafter: Drafter | None, spec_tokens: int) -> None:
         """Installs (or with None removes) the drafter, and has the runner capture the target

@@ -5,8 +5,12 @@ drafter for a block; all requests draft in one drafter call. With the adaptive v
 (``spec/verify_budget.py``) the block is cut to the length that maximises expected committed
 tokens per second of step time, from the drafter's per-position confidences (DSpark) or the
 request's running acceptance rate, the step costs profiled at start-up, and, for a SPARSE
-request, the host fetches its larger working set costs. After the step, a drafter that
-conditions on the target gets the committed positions' features (never rejected rows).
+request, the host fetches its larger working set costs. Before that, the adaptive budget asks
+whether drafting can pay for the drafter's own forward at all: with each request's running
+survival estimate, the profiled step costs and the profiled drafter cost, the requests for which
+no draft would pay are left out, and when none is left the drafter does not run (those requests'
+estimates drift back towards the prior, so they probe again later). After the step, a drafter
+that conditions on the target gets the committed positions' features (never rejected rows).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from services.decoder.engine.request import Request, Residency
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import Drafter, DraftRequest, make_drafter
-from services.decoder.spec.verify_budget import StepCostTable, choose_draft_lengths
+from services.decoder.spec.verify_budget import BudgetProfile, choose_draft_lengths
 
 
 def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
@@ -34,8 +38,9 @@ class Speculator:
     def __init__(self, drafter: Drafter, spec_tokens: int):
         self.drafter = drafter
         self.spec_tokens = spec_tokens
-        self.step_costs: StepCostTable | None = None  # set by the adaptive budget's profiling
-        self.fetch_s_per_page_layer = 0.0
+        self.profile: BudgetProfile | None = None  # set by the adaptive budget's start-up profiling
+        self.num_drafter_calls = 0
+        self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
 
     def propose(self, running: list[Request]) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step."""
@@ -47,14 +52,15 @@ class Speculator:
                 drafting.append(request)
                 asks.append(DraftRequest(request.request_id, request.prompt_ids + request.output_ids,
                                          min(self.spec_tokens, room)))
+        if self.profile is not None and asks:
+            drafting, asks = self._worth_the_drafter(running, drafting, asks)
         if not asks:
             return
         drafts = self.drafter.propose_batch(asks)
-        if self.step_costs is not None:
-            lengths = choose_draft_lengths(
-                [d.confidences or [r.acceptance.rate] * len(d.tokens) for r, d in zip(drafting, drafts)],
-                committed_base=len(running), tokens_base=len(running), costs=self.step_costs,
-                fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting])
+        self.num_drafter_calls += 1
+        if self.profile is not None:
+            lengths = self._lengths(running, drafting, [d.confidences or [r.acceptance.rate] * len(d.tokens)
+                                                        for r, d in zip(drafting, drafts)])
             for request, draft, length in zip(drafting, drafts, lengths):
                 if draft.tokens and length == 0:
                     request.acceptance.idle()
@@ -62,12 +68,31 @@ class Speculator:
         for request, draft in zip(drafting, drafts):
             request.draft_ids = draft.tokens
 
+    def _worth_the_drafter(self, running, drafting, asks):
+        """Keeps the requests whose predicted draft (running survival estimate, full length) would
+        pay for the drafter's forward, charged once for the call."""
+        draft_s = self.profile.draft_costs.seconds_at(len(asks))
+        predicted = self._lengths(running, drafting, [[r.acceptance.rate] * a.max_tokens for r, a in zip(drafting, asks)],
+                                  draft_s)
+        for request, length in zip(drafting, predicted):
+            if length == 0:
+                request.acceptance.idle()
+        keep = [i for i, length in enumerate(predicted) if length > 0]
+        if not keep:
+            self.num_skipped_steps += 1
+        return [drafting[i] for i in keep], [asks[i] for i in keep]
+
+    def _lengths(self, running, drafting, confidences, draft_s: float = 0.0) -> list[int]:
+        return choose_draft_lengths(confidences, committed_base=len(running), tokens_base=len(running),
+                                    costs=self.profile.step_costs, draft_s=draft_s,
+                                    fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting])
+
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""
         if request.mode is not Residency.SPARSE:
             return 0.0
         misses_per_token = request.stats.num_buffer_misses / max(len(request.output_ids), 1)
-        return misses_per_token * self.fetch_s_per_page_layer
+        return misses_per_token * self.profile.fetch_s_per_page_layer
 
     def observe(self, request: Request, start: int, features: torch.Tensor | None, first_row: int) -> None:
         """``features``: the step's captured features; the request's committed positions

@@ -6,15 +6,21 @@
 expected committed tokens per second of step time (``choose_draft_lengths``: jointly over the
 step's requests, since each verified token costs every request step time); for one request,
 
-    E(k) / (step_s(T + k) + fetch_s(k)),      E(k) = 1 + sum_{i=1..k} p_i,
+    E(k) / (step_s(T + k) + fetch_s(k) + draft_s),      E(k) = 1 + sum_{i=1..k} p_1 ... p_i,
 
 where p_i is the probability that draft position i survives given its prefix did (the drafter's
-confidence; the n-gram drafter has none, so the request's running acceptance rate a gives
-p_i = a ** i), ``step_s`` is the engine's measured step time at ``T`` batch tokens (a table
-profiled at start-up, interpolated; ``T`` = the step's other tokens + 1), and ``fetch_s(k)`` is
-what nobody else charges: a SPARSE request's larger working set must fetch pages from the host,
-k more verified positions x its measured misses per position x the measured seconds per fetched
+confidence; the n-gram drafter has none, so p_i = a, the request's running survival estimate),
+``step_s`` is the engine's measured step time at ``T`` batch tokens (a table profiled at
+start-up, interpolated; ``T`` = the step's other tokens + 1), and ``fetch_s(k)`` is what nobody
+else charges: a SPARSE request's larger working set must fetch pages from the host, k more
+verified positions x its measured misses per position x the measured seconds per fetched
 page-layer. Under hot-tier pressure (high miss rate) the budget shrinks.
+
+``draft_s`` is the drafter's own forward (profiled at start-up too). It is spent before any
+confidence is known, so the engine first asks the same question with each request's running
+survival estimate and the drafter's cost: when no draft would pay for it, the drafter does not
+run that step, and speculation costs no more than its feature capture (see
+``engine/speculation.py``).
 """
 
 from __future__ import annotations
@@ -25,51 +31,69 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class StepCostTable:
-    """Measured step seconds at a few batch token counts (ascending)."""
+class CostTable:
+    """Measured seconds at a few counts (ascending): the step's seconds vs its batch tokens, or the
+    drafter's seconds vs the requests it drafts for in one call."""
 
-    tokens: tuple[int, ...]
+    counts: tuple[int, ...]
     seconds: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        if not self.tokens or len(self.tokens) != len(self.seconds) or list(self.tokens) != sorted(set(self.tokens)):
-            raise ValueError("tokens must be strictly ascending and match seconds one to one")
+        if not self.counts or len(self.counts) != len(self.seconds) or list(self.counts) != sorted(set(self.counts)):
+            raise ValueError("counts must be strictly ascending and match seconds one to one")
 
-    def step_s(self, num_tokens: int) -> float:
+    def seconds_at(self, count: int) -> float:
         """Linear interpolation; beyond the last point, the last slope (or flat with one point)."""
-        ts, ss = self.tokens, self.seconds
-        i = bisect.bisect_left(ts, num_tokens)
-        if i < len(ts) and ts[i] == num_tokens:
+        cs, ss = self.counts, self.seconds
+        i = bisect.bisect_left(cs, count)
+        if i < len(cs) and cs[i] == count:
             return ss[i]
-        if len(ts) == 1:
+        if len(cs) == 1:
             return ss[0]
-        lo = min(max(i - 1, 0), len(ts) - 2)
-        slope = (ss[lo + 1] - ss[lo]) / (ts[lo + 1] - ts[lo])
-        return max(ss[lo] + slope * (num_tokens - ts[lo]), 0.0)
+        lo = min(max(i - 1, 0), len(cs) - 2)
+        slope = (ss[lo + 1] - ss[lo]) / (cs[lo + 1] - cs[lo])
+        return max(ss[lo] + slope * (count - cs[lo]), 0.0)
 
 
-@dataclass
+@dataclass(frozen=True)
+class BudgetProfile:
+    """What the adaptive budget measured on this engine at start-up (``engine/step_profile.py``)."""
+
+    step_costs: CostTable  # step seconds vs batch tokens
+    draft_costs: CostTable  # the drafter's propose seconds vs requests drafted in one call
+    fetch_s_per_page_layer: float = 0.0  # one host page of one layer into the hot pool; 0 without a host tier
+
+
 class AcceptanceEstimate:
-    """A request's running acceptance rate: the share of drafted positions accepted, as an
-    exponential moving average over verify steps, starting from ``prior``."""
+    """A request's per-position draft survival probability ``rate``: P(position i is accepted |
+    position i-1 was). Every verify step is a run of accepted positions ended by one rejection (or
+    by the draft's end, which censors it), so the estimate is accepted / (accepted + rejections),
+    with both counts as exponential moving averages over verify steps (``weight`` of the newest),
+    starting from one pseudo-trial at ``prior``. (accepted / drafted would read p = 0.9 as 0.6 on
+    7-token drafts.)"""
 
-    rate: float = 0.7
-    weight: float = 0.3  # of the newest step
-    prior: float = 0.7
-    drift: float = 0.05  # towards the prior per step whose draft the budget cut to nothing
+    def __init__(self, prior: float = 0.7, weight: float = 0.3, drift: float = 0.05, rate: float | None = None):
+        self.prior, self.weight, self.drift = prior, weight, drift
+        self.trials = 1.0
+        self.accepted = prior if rate is None else rate
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.trials
 
     def idle(self) -> None:
-        """A step where the budget verified none of the drafted tokens: nothing was observed, so
+        """A step where the budget verified none of the request's draft: nothing was observed, so
         the estimate drifts back towards the prior. Without that, a request that once accepted
         little would never verify again, even after its text turned copy-heavy; with it, it
         probes again after a while (about 14 idle steps from 0.3 to 0.5)."""
-        self.rate += self.drift * (self.prior - self.rate)
+        self.accepted = (self.rate + self.drift * (self.prior - self.rate)) * self.trials
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted > 0:
-            # per-position survival that would accept this many of this many in expectation
-            observed = num_accepted / num_drafted
-            self.rate = (1 - self.weight) * self.rate + self.weight * observed
+            rejected = 1 if num_accepted < num_drafted else 0
+            keep = 1 - self.weight
+            self.accepted = keep * self.accepted + self.weight * num_accepted
+            self.trials = keep * self.trials + self.weight * (num_accepted + rejected)
 
 
 def expected_committed(confidences: list[float]) -> float:
@@ -82,8 +106,8 @@ def expected_committed(confidences: list[float]) -> float:
     return total
 
 
-def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int,
-                         costs: StepCostTable, fetch_s_per_position: list[float] | None = None) -> list[int]:
+def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int, costs: CostTable,
+                         fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0) -> list[int]:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -95,10 +119,11 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     taken in decreasing order of acceptance probability per marginal second (the step's slope
     plus the request's fetches; within a request that is position order), and the best prefix of
     that order wins (ties go to fewer tokens; the empty prefix, no
-    speculation, is always a candidate)."""
+    speculation, is always a candidate). ``draft_s``: seconds charged once if any position is
+    taken (the drafter's own forward, when it has not run yet)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
-    slope = max((costs.step_s(tokens_base + 16) - costs.step_s(tokens_base)) / 16, 1e-9)
+    slope = max((costs.seconds_at(tokens_base + 16) - costs.seconds_at(tokens_base)) / 16, 1e-9)
     price = [slope + f for f in fetch]
     heap = []  # (-P(position accepted) / its price, request, position index)
     for r, conf in enumerate(confidences):
@@ -108,7 +133,7 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     lengths = [0] * len(confidences)
     best_lengths = list(lengths)
     expected, tokens, fetch_s = float(committed_base), tokens_base, 0.0
-    best_rate = expected / max(costs.step_s(tokens), 1e-12)
+    best_rate = expected / max(costs.seconds_at(tokens), 1e-12)
     while heap:
         _, r, k = heapq.heappop(heap)
         alive[r] *= confidences[r][k]
@@ -116,7 +141,7 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
         tokens += 1
         fetch_s += fetch[r]
         lengths[r] = k + 1
-        rate = expected / max(costs.step_s(tokens) + fetch_s, 1e-12)
+        rate = expected / max(costs.seconds_at(tokens) + fetch_s + draft_s, 1e-12)
         if rate > best_rate * (1 + 1e-9):
             best_rate, best_lengths = rate, list(lengths)
         if k + 1 < len(confidences[r]):
@@ -124,7 +149,7 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     return best_lengths
 
 
-def choose_draft_length(confidences: list[float], other_tokens: int, costs: StepCostTable,
+def choose_draft_length(confidences: list[float], other_tokens: int, costs: CostTable,
                         fetch_s_per_position: float = 0.0) -> int:
     """One request alone: the k in ``0..len(confidences)`` maximising E(k) /
     (step_s(other_tokens + 1 + k) + k * fetch_s_per_position); ties go to the shorter draft."""
