@@ -122,3 +122,26 @@ def test_adaptive_budget_is_lossless_and_profiles_the_engine(loaded_model):
     outs = adaptive.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     assert sum(o.stats["num_verify_steps"] for o in outs) > 0
+
+
+def test_the_drafter_does_not_run_when_no_draft_can_pay_for_it(loaded_model):
+    """The engine's gate: with the drafter's profiled cost far above what any draft can commit,
+    the drafter is never called and nothing is verified; with a free drafter over a memory-bound
+    step it drafts. Outputs equal plain decoding either way."""
+    from services.decoder.spec.verify_budget import BudgetProfile
+
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = LLM(loaded=loaded_model).generate(prompts, params)
+    llm = LLM(loaded=loaded_model, spec="ngram", spec_tokens=8, verify_budget="adaptive")
+    speculator = llm.engine.speculator
+    for draft_s, drafts in ((10.0, False), (0.0, True)):
+        speculator.profile = BudgetProfile(FLAT, CostTable((1, 16), (draft_s, draft_s)))
+        speculator.num_drafter_calls = 0
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+        assert (speculator.num_drafter_calls > 0) == drafts
+        assert (outs[0].stats["num_verify_steps"] > 0) == drafts
+    # every step of the costly run that could draft: 24 tokens, the first from the prefill, the last
+    # with no room for a draft (and its bonus token) left
+    assert speculator.num_skipped_steps == 22
