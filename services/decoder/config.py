@@ -70,7 +70,8 @@ class DecoderConfig(BaseSettings):
     heartbeat_ttl_s: float = Field(5.0, gt=0, description="a decoder silent this long is dead to gateways")
     max_num_waiting: int = Field(64, gt=0, description="queued requests beyond this get RESOURCE_EXHAUSTED")
     drain_timeout_s: float = Field(60.0, ge=0, description="on SIGTERM: time to finish in-flight requests")
-    grpc_max_workers: int = Field(64, gt=0, description="gRPC threads (each open stream holds one)")
+    grpc_max_workers: int = Field(
+        64, gt=0, description="gRPC threads (each open stream holds one); at least max_num_seqs + max_num_waiting + 16")
     # Internal gRPC security (services/rpc/auth.py): the one token of every internal service, checked
     # on this decoder's port and sent to kvtier; TLS on the port with a cert and key, to kvtier with a CA.
     internal_token: SecretStr | None = Field(None, description="shared internal gRPC token; None = no check")

@@ -23,6 +23,8 @@ def build_parser(prog: str = "python -m services.gateway") -> argparse.ArgumentP
     parser.add_argument("--max-tokens-limit", type=int)
     parser.add_argument("--resume-timeout-s", type=float,
                         help="how long a stream whose decoder went away looks for one to resume it (0 = never)")
+    parser.add_argument("--decoder-keepalive-s", type=float,
+                        help="ping interval and timeout of decoder connections with open streams")
     parser.add_argument("--log-level")
     return parser
 

@@ -29,6 +29,9 @@ class GatewayConfig(BaseSettings):
     max_decoder_attempts: int = Field(3, gt=0, description="decoders tried when one refuses (queue full, draining)")
     resume_timeout_s: float = Field(60.0, ge=0, description="a stream whose decoder handed it off or died (resumable "
                                     "requests) is resumed on a live decoder within this many seconds; 0 = never")
+    decoder_keepalive_s: float = Field(10.0, gt=0, description="ping each decoder connection with open streams "
+                                       "this often; one that answers no ping within as long (frozen, cut off) fails "
+                                       "its streams (resumable ones resume elsewhere)")
     log_level: str = "info"
     # Internal gRPC security towards the decoders (services/rpc/auth.py)
     internal_token: SecretStr | None = Field(None, description="shared internal gRPC token sent to decoders")

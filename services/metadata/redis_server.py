@@ -17,6 +17,7 @@ from typing import Self
 import redis
 
 SOCKET_NAME = "redis.sock"
+AOF_NAME = "appendonly.aof"
 MAX_SOCKET_PATH_LEN = 100  # sun_path is 108 bytes on Linux
 
 
@@ -30,8 +31,12 @@ class RedisServer:
     """``RedisServer(directory=...)`` (embedded) or ``RedisServer(url=...)`` (external).
 
     Embedded: listens only on ``<directory>/redis.sock`` (mode 0700, no TCP port); with
-    ``persist=True`` it also snapshots to ``<directory>/dump.rdb`` (every 1 s if anything changed)
-    so that the metadata survives a restart of Redis itself.
+    ``persist=True`` it also logs every write to ``<directory>/appendonly.aof`` (AOF, fsync every
+    second) so that the metadata survives a restart of Redis itself, kill -9 included: Redis
+    writes a command to the AOF before it answers it, so no acknowledged write is lost when the
+    process dies (an OS crash may lose the last second, but it also takes kvtier's shm pages).
+    A directory with only a snapshot (``dump.rdb``, written by older versions) is loaded from it
+    and switched to AOF before ``start`` returns.
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, url: str | None = None, persist: bool = False):
@@ -84,8 +89,13 @@ class RedisServer:
             "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
             "--dir", str(self.directory), "--daemonize", "no",
             "--logfile", str(self.directory / "redis.log"),
-            "--save", "1 1" if self.persist else "", "--appendonly", "no",
+            "--save", "",
         ]
+        # AOF, once the directory has one (it is newer than any snapshot); else load the snapshot
+        # (if any) and turn AOF on at run time below, which rewrites the AOF from the loaded data
+        aof_present = (self.directory / AOF_NAME).exists()
+        args += ["--appendonly", "yes" if self.persist and aof_present else "no", "--appendfilename", AOF_NAME,
+                 "--appendfsync", "everysec"]
         # Own session: a signal to the starter's process group (Ctrl-C, kill of a parent) does not
         # take the metadata down with it.
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -95,10 +105,25 @@ class RedisServer:
             if self._process.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self._process.returncode}; see {self.directory / 'redis.log'}")
             if self.ping():
+                if self.persist and not aof_present:
+                    self._enable_aof(deadline)
                 return self
             time.sleep(0.02)
         self._process.kill()
         raise RuntimeError(f"redis-server did not answer on {self.socket_path} within {timeout_s} s")
+
+    def _enable_aof(self, deadline: float) -> None:
+        """Turns AOF on in a running server and waits until its first rewrite is on disk (until
+        then a kill would lose the writes since the snapshot)."""
+        with self.client(socket_timeout=5) as r:
+            r.config_set("appendonly", "yes")
+            while time.monotonic() < deadline:
+                info = r.info("persistence")
+                if info["aof_enabled"] and not info["aof_rewrite_in_progress"] \
+                        and not info["aof_rewrite_scheduled"] and (self.directory / AOF_NAME).exists():
+                    return
+                time.sleep(0.02)
+        raise RuntimeError(f"redis-server in {self.directory} did not turn its append-only file on in time")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Embedded: SHUTDOWN the server on the socket (saving first if ``persist``) and wait for

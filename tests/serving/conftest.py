@@ -15,6 +15,7 @@ API_KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
 MAX_BODY_BYTES = 64 * 1024
 MAX_TOKENS_LIMIT = 512
+MAX_PROMPT_TOKENS = 12288  # the gateway's limit; above the model's context (8192), so both can be hit
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +30,8 @@ def stack():
         # One intra-op thread: the machine has 2 shared cores, and 2-thread OpenMP regions stall badly
         # when another process holds a core; the reference below runs with 1 thread too (same numerics).
         decoder_args=["--kv-cache-tokens", "16384", "--max-num-seqs", "16", "--threads", "1"],
-        gateway_args=["--max-body-bytes", str(MAX_BODY_BYTES), "--max-tokens-limit", str(MAX_TOKENS_LIMIT)],
+        gateway_args=["--max-body-bytes", str(MAX_BODY_BYTES), "--max-tokens-limit", str(MAX_TOKENS_LIMIT),
+                      "--max-prompt-tokens", str(MAX_PROMPT_TOKENS)],
     )
     local = LocalStack(options).start(log=lambda _msg: None)
     yield local

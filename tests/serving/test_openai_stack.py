@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.serving.conftest import API_KEY, MAX_BODY_BYTES, MODEL
+from tests.serving.conftest import API_KEY, MAX_BODY_BYTES, MAX_PROMPT_TOKENS, MODEL
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 PROMPT = "The three most common programming languages are"
@@ -202,3 +202,46 @@ def test_metrics_and_health(stack, client):
                  "inter_token_latency_seconds_count", "generation_tokens_total", "requests_in_flight"):
         assert f"dhisparse_gateway_{name}" in text
     assert "dhisparse_decoder_waiting_requests" in text
+
+
+def test_prompt_over_the_limits_is_400_and_changes_nothing(stack, client, decoder_stats, reference, reference_llm):
+    """Prompts that fit in the body limit but not in the model's context, or over the gateway's
+    ``--max-prompt-tokens`` (the limit travels in the request): the real decoder refuses them before
+    admitting them; the gateway answers 400 with an OpenAI body. No slot, queue entry or kvtier page
+    is held afterwards and the next request still matches the oracle."""
+    from tests.decoder.prompts import long_document
+
+    context = reference_llm.engine.max_model_len
+    text = long_document(context // 18)  # ~19 tokens per line: over the context, within the gateway's limit
+    longer = long_document(MAX_PROMPT_TOKENS // 17)  # over the gateway's limit
+    assert context < len(reference_llm.tokenizer.encode(text)) < MAX_PROMPT_TOKENS
+    assert len(reference_llm.tokenizer.encode(longer)) > MAX_PROMPT_TOKENS
+    over = [{"prompt": text}, {"prompt": [1] * context},  # text, and exactly `context` token ids
+            {"messages": [{"role": "user", "content": text}], "chat": True},
+            {"prompt": longer, "limit": f"at most {MAX_PROMPT_TOKENS}"},
+            {"prompt": [1] * (MAX_PROMPT_TOKENS + 1), "limit": f"at most {MAX_PROMPT_TOKENS}"}]
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    before = decoder_stats()
+    for case in over:
+        body = {"model": MODEL, "max_tokens": 4, **{k: v for k, v in case.items() if k not in ("chat", "limit")}}
+        assert len(json.dumps(body)) < MAX_BODY_BYTES  # under the body limit: the decoder decides
+        path = "/v1/chat/completions" if case.get("chat") else "/v1/completions"
+        for stream in (False, True):
+            response = httpx.post(f"{stack.url}{path}", json={**body, "stream": stream}, headers=headers, timeout=60)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["type"] == "invalid_request_error", error
+            assert case.get("limit", "the model context is") in error["message"], error
+    after = decoder_stats()
+    assert after.num_running == after.num_waiting == 0
+    assert after.num_free_slots == after.num_total_slots
+    assert after.num_prompt_tokens == before.num_prompt_tokens  # nothing was admitted or prefilled
+    assert after.num_requests_finished == before.num_requests_finished
+    with stack.security.channel(f"{stack.options.host}:{stack.options.kvtier_port}") as channel:
+        from services.rpc import kvtier_pb2, kvtier_pb2_grpc
+
+        stats = kvtier_pb2_grpc.KvtierStub(channel).Stats(kvtier_pb2.StatsRequest(check_integrity=True), timeout=5)
+    assert stats.integrity_ok and stats.num_used_pages == 0 and stats.num_requests == 0, stats
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    assert completion.choices[0].text == reference(PROMPT, 8).text

@@ -237,13 +237,17 @@ class Engine:
         running = self.scheduler.running
         self.controller.relieve(running)  # below the low watermark: demote before scheduling
         batch = self.scheduler.schedule()
+        lost: list[TokenEvent] = []
         if self.host_tier is not None:
             batch = self._sync_host_tier(batch)
+            if self.host_tier.lost:
+                lost = self._abort_lost()
+                batch = [s for s in batch if not s.request.is_finished]
         for request, pages in self.controller.promotion_step(running, len(self.scheduler.waiting)):
             self.host_tier.fetch(request.request_id, pages, [request.slots[p] for p in pages])
             self.controller.finish_promotion(request)
         if not batch:
-            return []
+            return lost
         self._swap_in(batch)
         now = time.perf_counter()
         for sched in batch:
@@ -287,7 +291,17 @@ class Engine:
                 if not request.is_finished:
                     request.num_host_pages = self.host_tier.num_sealed.get(request.request_id, 0)
                     self.controller.trim(request)  # SPARSE: unpin pages that left the recent window
-        return events
+        return lost + events
+
+    def _abort_lost(self) -> list[TokenEvent]:
+        """Aborts the requests whose kvtier pages went with a lost lease (this decoder was paused
+        past its TTL: kvtier freed them, maybe for another request, or another decoder claimed them)."""
+        lost = [self.requests[r] for r in sorted(self.host_tier.lost) if r in self.requests]
+        self.host_tier.lost.clear()
+        lost = [r for r in lost if not r.is_finished]
+        for request in lost:
+            self._finish(request, "abort")
+        return [TokenEvent(r.request_id, None, "", True, "abort") for r in lost]
 
     def _sync_host_tier(self, batch: list) -> list:
         """One kvtier call for the step. Backpressure: while kvtier has too few free host pages

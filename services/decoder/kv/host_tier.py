@@ -48,6 +48,10 @@ class HostTier:
         self.num_sealed: dict[str, int] = {}  # request -> leading pages copied to the host
         self._pending_commits: dict[str, int] = {}
         self._pending_frees: list[str] = []
+        # requests whose kvtier pages this decoder lost with its lease (it was paused past the
+        # lease TTL: kvtier freed them or another decoder claimed them); the engine aborts them
+        self.lost: set[str] = set()
+        self._lease_lost = False
         self.num_written_pages = 0
         self.num_fetched_pages = 0
         self.num_step_calls = 0
@@ -56,15 +60,14 @@ class HostTier:
         """Before the forward: ``page_counts`` maps each scheduled request to its number of
         logical pages (slots). One RPC: allocations for new pages, the previous step's commits
         and frees. Mutates: host page tables, pending queues."""
-        allocations = {
-            rid: count - len(self.host_pages.get(rid, ()))
-            for rid, count in page_counts.items()
-            if count > len(self.host_pages.get(rid, ()))
-        }
-        if not (allocations or self._pending_commits or self._pending_frees):
+        def allocations() -> dict[str, int]:  # from the current state: a retry may follow a lost lease
+            return {rid: count - len(self.host_pages.get(rid, ())) for rid, count in page_counts.items()
+                    if rid not in self.lost and count > len(self.host_pages.get(rid, ()))}
+
+        if not (allocations() or self._pending_commits or self._pending_frees):
             return
         outcome = self._riding_out_restarts(lambda: self.client.step(
-            commits=self._pending_commits, frees=self._pending_frees, allocations=allocations))
+            commits=self._pending_commits, frees=self._pending_frees, allocations=allocations()))
         self.num_step_calls += 1
         self._pending_commits = {}
         self._pending_frees = []
@@ -90,6 +93,8 @@ class HostTier:
                     raise
                 if exc.code == grpc.StatusCode.NOT_FOUND and "lease" not in exc.detail:
                     raise  # an unknown request is a real error, not a restart
+                if exc.code == grpc.StatusCode.NOT_FOUND:
+                    self._lease_lost = True  # kvtier may have freed or handed out this decoder's pages
                 log.warning("kvtier unavailable (%s); retrying in %.2f s", exc.code.name, delay_s)
                 self.num_kvtier_retries += 1
                 time.sleep(delay_s)
@@ -98,12 +103,49 @@ class HostTier:
                     self.client.attach()  # new lease after a restart; same mapping if same segment
                     if self.kvtier_driven:
                         self.client.export_hot_pool(self.pool.storage)
+                    if self._lease_lost:
+                        self._forget_lost_requests()
                 except KvtierClientError:
                     pass  # still down: the next round tries again
+
+    def _forget_lost_requests(self) -> None:
+        """After the lease was lost and attach() made a new one: asks kvtier which of this tier's
+        requests are still this decoder's. The others' pages were freed (and may belong to another
+        request by now) or claimed by another decoder: they are dropped here (no copy, commit or
+        free is sent for them again) and listed in ``lost`` for the engine to abort."""
+        gone = []
+        for rid in sorted(set(self.host_pages) | set(self._pending_commits) | set(self._pending_frees)):
+            try:
+                self.client.lookup([rid])
+            except KvtierClientError as exc:
+                if exc.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                    raise
+                gone.append(rid)
+        for rid in gone:
+            if self.host_pages.pop(rid, None) is not None:
+                self.lost.add(rid)
+            self.num_sealed.pop(rid, None)
+            self._pending_commits.pop(rid, None)
+            if rid in self._pending_frees:
+                self._pending_frees.remove(rid)
+        self._lease_lost = False
+        log.warning("kvtier lease was lost (this decoder was silent past its TTL): %d requests lost their host "
+                    "pages %s", len(gone), gone)
+
+    def ensure_lease(self) -> None:
+        """Before writing into host pages: the lease must surely be live, or the pages may belong to
+        another request by now. When it may have run out (this process was paused), renews it,
+        and after a lost lease drops the requests kvtier took back (``lost``)."""
+        if self.client.lease_left_s() < self.client.attach_info.lease_ttl_s / 3:
+            self._riding_out_restarts(self.client.heartbeat)
 
     def write_back(self, sealed: list[tuple[str, int, int]]) -> None:
         """After acceptance: ``sealed`` = (request, logical page, hot slot) of pages whose rows
         are all committed. Copies them into their host pages, every layer; queues the commit."""
+        if not sealed:
+            return
+        self.ensure_lease()
+        sealed = [item for item in sealed if item[0] in self.host_pages]  # not a lost request's
         if not sealed:
             return
         if self.kvtier_driven:

@@ -21,6 +21,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Self
@@ -147,6 +148,9 @@ class HostPoolView:
                 pass  # views still alive elsewhere: they keep the mapping until they are freed
 
 
+_RENEWING = {"Attach", "Heartbeat", "Step"}  # calls that renew the lease when they succeed
+
+
 class KvtierClient:
     def __init__(self, address: str, decoder_id: str, model_id: str, layout: KvLayout, timeout_s: float = 10.0,
                  security: InternalSecurity | None = None):
@@ -161,12 +165,25 @@ class KvtierClient:
         self.attach_info: pb.AttachResponse | None = None
         self._heartbeat_stop: threading.Event | None = None
         self._heartbeat_thread: threading.Thread | None = None
+        # monotonic time until which the lease is surely live: kvtier renews it for lease_ttl_s from
+        # when it receives a renewing call, which is after this client sent it
+        self.lease_valid_until = float("-inf")
 
     def _call(self, method: str, request):
+        sent = time.monotonic()
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            response = getattr(self._stub, method)(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
             raise KvtierClientError(exc.code(), exc.details() or "") from None
+        if method in _RENEWING:
+            ttl = response.lease_ttl_s if method == "Attach" else self.attach_info.lease_ttl_s
+            self.lease_valid_until = max(self.lease_valid_until, sent + ttl)
+        return response
+
+    def lease_left_s(self) -> float:
+        """Seconds the lease surely has left (negative: it may have expired, e.g. after this process
+        was paused; the next renewing call tells)."""
+        return self.lease_valid_until - time.monotonic()
 
     # --- handshake and lease ------------------------------------------------------------------
     def attach(self) -> HostPoolView:

@@ -161,6 +161,19 @@ class DecoderServicer(pb_grpc.DecoderServicer):
         )
 
 
+GRPC_SPARE_WORKERS = 16  # threads beyond the admitted streams: Health, Stats, Cancel, refusals
+
+
+def grpc_workers(config: DecoderConfig) -> int:
+    """gRPC server threads: ``grpc_max_workers``, but at least one per stream the engine may admit
+    (``max_num_seqs + max_num_waiting``) plus ``GRPC_SPARE_WORKERS``. Each open Generate stream holds
+    a thread for its whole life; with fewer threads the streams past them queued unseen in the
+    executor (the decoder's queue never reached ``max_num_waiting``, so nothing was refused) and
+    Health, Stats and Cancel waited behind them for as long as a generation takes (found by
+    tests/reliability/test_overload.py: with the defaults, 64 threads for 32 + 64 streams)."""
+    return max(config.grpc_max_workers, config.max_num_seqs + config.max_num_waiting + GRPC_SPARE_WORKERS)
+
+
 def probe(address: str, timeout_s: float = 2.0, security: InternalSecurity | None = None) -> bool:
     """True when the decoder at ``address`` answers Health with SERVING (used by health checks);
     ``security``: the internal token / TLS the decoder expects."""
@@ -180,8 +193,10 @@ def serve(config: DecoderConfig | None = None, install_signal_handlers: bool = T
     security = InternalSecurity.of(config)  # before the model loads: bad TLS files fail at once
     engine = Engine(config)
     loop = EngineLoop(engine, config.max_num_waiting).start()
-    server = security.make_server(futures.ThreadPoolExecutor(max_workers=config.grpc_max_workers),
-                                  options=[("grpc.so_reuseport", 0)])
+    server = security.make_server(futures.ThreadPoolExecutor(max_workers=grpc_workers(config)),
+                                  # gateways ping open streams (keepalive) to detect a frozen decoder,
+                                  # also while a long prefill sends no data: never GOAWAY them for it
+                                  options=[("grpc.so_reuseport", 0), ("grpc.http2.max_ping_strikes", 0)])
     port = security.add_port(server, f"{config.host}:{config.port}")
     hostname = socket.gethostname()
     decoder_id = config.decoder_id or re.sub(r"[^A-Za-z0-9_.-]", "-", f"{hostname}-{port}")[:128]
