@@ -71,6 +71,7 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "transfer": "benchmarks.transfer",
     "residency": "benchmarks.residency",
     "gpu_kernels": "benchmarks.gpu_kernels",
+    "soak": "benchmarks.soak.__main__",
     "report": "benchmarks.report",
 }
 ALL_ON_CPU = ("decode", "context_sweep", "sparse_quality", "spec", "serve", "transfer", "residency",
