@@ -5,6 +5,7 @@ import pytest
 from dhisparse import LLM, SamplingParams
 from services.decoder.spec.verify_budget import (
     AcceptanceEstimate,
+    CalibratedCosts,
     CostTable,
     choose_draft_length,
     choose_draft_lengths,
@@ -13,6 +14,24 @@ from services.decoder.spec.verify_budget import (
 
 FLAT = CostTable((1, 64), (0.010, 0.010))  # memory-bound: verifying more tokens is free
 STEEP = CostTable((1, 2, 4, 8), (0.010, 0.020, 0.040, 0.080))  # compute-bound: cost per token
+
+
+def test_calibrated_costs_follow_what_serving_measures():
+    costs = CalibratedCosts(FLAT)  # profiled: 10 ms at every count
+    assert costs.seconds_at(64) == pytest.approx(0.010)  # nothing measured yet: the profile
+    for _ in range(50):
+        costs.observe(8, 0.010)  # serving: 8-token steps take 10 ms ...
+        costs.observe(64, 0.080)  # ... and 64-token steps (drafts verified) 80 ms
+    assert costs.seconds_at(8) == pytest.approx(0.010) and costs.seconds_at(64) == pytest.approx(0.080)
+    assert costs.seconds_at(16) == pytest.approx(0.010 * (1 + 7 / 3))  # log2 16 is a third of the way
+    assert costs.seconds_at(1) == pytest.approx(0.010) and costs.seconds_at(512) == pytest.approx(0.080)
+    # 8 requests drafting 7 each: free by the profile; by what serving measured, even one draft
+    # token each (8.8 tokens in 14 ms) commits less per second than none (8 in 10 ms)
+    assert choose_draft_lengths([[0.8] * 7] * 8, 8, 8, FLAT) == [7] * 8
+    assert choose_draft_lengths([[0.8] * 7] * 8, 8, 8, costs) == [0] * 8
+    for _ in range(200):
+        costs.observe(2, 100.0)  # absurd measurements are clipped to 10x the profile
+    assert costs.seconds_at(2) == pytest.approx(0.100)
 
 
 def test_expected_committed_is_one_plus_survival_products():
@@ -106,6 +125,17 @@ def test_an_idle_estimate_drifts_back_to_the_prior():
     for _ in range(1000):
         est.idle()
     assert est.rate == pytest.approx(0.7)
+
+
+def test_failed_probes_back_off_and_a_success_restores_the_drift():
+    est = AcceptanceEstimate(drift=0.05)
+    est.update(4, 0)
+    assert est.drift == pytest.approx(0.025)
+    for _ in range(10):
+        est.update(4, 0)
+    assert est.drift == pytest.approx(AcceptanceEstimate.MIN_DRIFT)
+    est.update(4, 1)
+    assert est.drift == pytest.approx(0.05)
 
 
 def test_adaptive_budget_is_lossless_and_profiles_the_engine(loaded_model):

@@ -256,6 +256,8 @@ class Engine:
             if sched.num_new_tokens > 1:
                 sched.request.stats.num_prefill_tokens += sched.num_new_tokens
         output = self.runner.execute(batch)
+        if self.speculator is not None:
+            self.speculator.observe_step(sum(s.num_query_tokens for s in batch), time.perf_counter() - now)
         committed = output.committed
         events: list[TokenEvent] = []
         sealed: list[tuple[Request, int]] = []  # (request, logical page)

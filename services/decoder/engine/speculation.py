@@ -9,11 +9,15 @@ request, the host fetches its larger working set costs. Before that, the adaptiv
 whether drafting can pay for the drafter's own forward at all: with each request's running
 survival estimate, the profiled step costs and the profiled drafter cost, the requests for which
 no draft would pay are left out, and when none is left the drafter does not run (those requests'
-estimates drift back towards the prior, so they probe again later). After the step, a drafter
+estimates drift back towards the prior, so they probe again later). Both cost tables start from
+the profile and are corrected by the step and drafter times measured while serving
+(``CalibratedCosts``). After the step, a drafter
 that conditions on the target gets the committed positions' features (never rejected rows).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -22,7 +26,7 @@ from services.decoder.engine.request import Request, Residency
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import Drafter, DraftRequest, make_drafter
-from services.decoder.spec.verify_budget import BudgetProfile, choose_draft_lengths
+from services.decoder.spec.verify_budget import BudgetProfile, CalibratedCosts, choose_draft_lengths
 
 
 def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
@@ -38,9 +42,27 @@ class Speculator:
     def __init__(self, drafter: Drafter, spec_tokens: int):
         self.drafter = drafter
         self.spec_tokens = spec_tokens
-        self.profile: BudgetProfile | None = None  # set by the adaptive budget's start-up profiling
+        self._profile: BudgetProfile | None = None
+        self.step_costs: CalibratedCosts | None = None
+        self.draft_costs: CalibratedCosts | None = None
         self.num_drafter_calls = 0
         self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
+
+    @property
+    def profile(self) -> BudgetProfile | None:
+        return self._profile
+
+    @profile.setter
+    def profile(self, profile: BudgetProfile | None) -> None:
+        """The adaptive budget's start-up profile; serving corrects its tables as it measures."""
+        self._profile = profile
+        self.step_costs = None if profile is None else CalibratedCosts(profile.step_costs)
+        self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs)
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """The target pass of a step: ``num_tokens`` batch tokens took ``seconds``."""
+        if self.step_costs is not None:
+            self.step_costs.observe(num_tokens, seconds)
 
     def propose(self, running: list[Request]) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step."""
@@ -56,7 +78,10 @@ class Speculator:
             drafting, asks = self._worth_the_drafter(running, drafting, asks)
         if not asks:
             return
+        start = time.perf_counter()
         drafts = self.drafter.propose_batch(asks)
+        if self.draft_costs is not None:
+            self.draft_costs.observe(len(asks), time.perf_counter() - start)
         self.num_drafter_calls += 1
         if self.profile is not None:
             lengths = self._lengths(running, drafting, [d.confidences or [r.acceptance.rate] * len(d.tokens)
@@ -71,7 +96,7 @@ class Speculator:
     def _worth_the_drafter(self, running, drafting, asks):
         """Keeps the requests whose predicted draft (running survival estimate, full length) would
         pay for the drafter's forward, charged once for the call."""
-        draft_s = self.profile.draft_costs.seconds_at(len(asks))
+        draft_s = self.draft_costs.seconds_at(len(asks))
         predicted = self._lengths(running, drafting, [[r.acceptance.rate] * a.max_tokens for r, a in zip(drafting, asks)],
                                   draft_s)
         for request, length in zip(drafting, predicted):
@@ -84,7 +109,7 @@ class Speculator:
 
     def _lengths(self, running, drafting, confidences, draft_s: float = 0.0) -> list[int]:
         return choose_draft_lengths(confidences, committed_base=len(running), tokens_base=len(running),
-                                    costs=self.profile.step_costs, draft_s=draft_s,
+                                    costs=self.step_costs, draft_s=draft_s,
                                     fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting])
 
     def fetch_s_per_position(self, request: Request) -> float:

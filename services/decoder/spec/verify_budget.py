@@ -20,13 +20,15 @@ page-layer. Under hot-tier pressure (high miss rate) the budget shrinks.
 confidence is known, so the engine first asks the same question with each request's running
 survival estimate and the drafter's cost: when no draft would pay for it, the drafter does not
 run that step, and speculation costs no more than its feature capture (see
-``engine/speculation.py``).
+``engine/speculation.py``). Both tables are corrected while serving by the step and drafter times
+the engine measures (``CalibratedCosts``).
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from dataclasses import dataclass
 
 
@@ -55,6 +57,62 @@ class CostTable:
         return max(ss[lo] + slope * (count - cs[lo]), 0.0)
 
 
+class CalibratedCosts:
+    """A profiled ``CostTable`` corrected by what the engine measures while it serves: a moving
+    average of measured / profiled seconds at anchor counts 1, 2, 4, ... (a measurement updates
+    the two anchors around its count, weighted by distance on the log2 axis). Between anchors that
+    have measurements the correction is interpolated; beyond them the nearest one holds; with none
+    it is 1. The start-up profile times one request on an idle engine; serving steps carry many
+    requests (per-request attention, sampling, verification) on a machine that may be busy, and
+    the budget must price what a verified token really costs there."""
+
+    MAX_LOG2 = 12  # anchors 1 .. 4096
+    WEIGHT = 0.1  # of the newest measurement at its anchor
+    LIMITS = (0.1, 10.0)  # the correction never goes beyond these factors (outliers: a preempted step)
+
+    def __init__(self, table: CostTable):
+        self.table = table
+        self.ratios = [1.0] * (self.MAX_LOG2 + 1)
+        self.weights = [0.0] * (self.MAX_LOG2 + 1)  # measurement weight each anchor has seen
+
+    def _log2(self, count: int) -> float:
+        return min(max(math.log2(max(count, 1)), 0.0), float(self.MAX_LOG2))
+
+    def ratio_at(self, count: int) -> float:
+        x = self._log2(count)
+        seen = [i for i, w in enumerate(self.weights) if w > 0]
+        if not seen:
+            return 1.0
+        below = [i for i in seen if i <= x]
+        above = [i for i in seen if i >= x]
+        if not below or not above:
+            return self.ratios[(below or above)[-1 if below else 0]]
+        lo, hi = below[-1], above[0]
+        if lo == hi:
+            return self.ratios[lo]
+        frac = (x - lo) / (hi - lo)
+        return self.ratios[lo] * (1 - frac) + self.ratios[hi] * frac
+
+    def seconds_at(self, count: int) -> float:
+        return self.table.seconds_at(count) * self.ratio_at(count)
+
+    def observe(self, count: int, seconds: float) -> None:
+        """One measurement: ``seconds`` for ``count`` (batch tokens, or requests drafted)."""
+        profiled = self.table.seconds_at(count)
+        if profiled <= 0 or seconds <= 0:
+            return
+        observed = min(max(seconds / profiled, self.LIMITS[0]), self.LIMITS[1])
+        x = self._log2(count)
+        lo = min(int(x), self.MAX_LOG2 - 1)
+        for index, share in ((lo, 1 - (x - lo)), (lo + 1, x - lo)):
+            if share <= 0:
+                continue
+            # the first measurement at an anchor replaces the neutral 1; later ones average in
+            w = share if self.weights[index] == 0 else self.WEIGHT * share
+            self.ratios[index] += w * (observed - self.ratios[index])
+            self.weights[index] += share
+
+
 @dataclass(frozen=True)
 class BudgetProfile:
     """What the adaptive budget measured on this engine at start-up (``engine/step_profile.py``)."""
@@ -72,8 +130,11 @@ class AcceptanceEstimate:
     starting from one pseudo-trial at ``prior``. (accepted / drafted would read p = 0.9 as 0.6 on
     7-token drafts.)"""
 
+    MIN_DRIFT = 0.05 / 64  # after six failed probes in a row
+
     def __init__(self, prior: float = 0.7, weight: float = 0.3, drift: float = 0.05, rate: float | None = None):
         self.prior, self.weight, self.drift = prior, weight, drift
+        self.base_drift = drift
         self.trials = 1.0
         self.accepted = prior if rate is None else rate
 
@@ -85,7 +146,9 @@ class AcceptanceEstimate:
         """A step where the budget verified none of the request's draft: nothing was observed, so
         the estimate drifts back towards the prior. Without that, a request that once accepted
         little would never verify again, even after its text turned copy-heavy; with it, it
-        probes again after a while (about 14 idle steps from 0.3 to 0.5)."""
+        probes again after a while (about 14 idle steps from 0.3 to 0.5). Each probe that accepts
+        nothing halves the drift (back-off: a drafter that keeps failing on this text is tried
+        ever more rarely, down to ``MIN_DRIFT``); one that accepts something restores it."""
         self.accepted = (self.rate + self.drift * (self.prior - self.rate)) * self.trials
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
@@ -94,6 +157,7 @@ class AcceptanceEstimate:
             keep = 1 - self.weight
             self.accepted = keep * self.accepted + self.weight * num_accepted
             self.trials = keep * self.trials + self.weight * (num_accepted + rejected)
+            self.drift = self.base_drift if num_accepted else max(self.drift / 2, self.MIN_DRIFT)
 
 
 def expected_committed(confidences: list[float]) -> float:
@@ -106,7 +170,8 @@ def expected_committed(confidences: list[float]) -> float:
     return total
 
 
-def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int, costs: CostTable,
+def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int,
+                         costs: CostTable | CalibratedCosts,
                          fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0) -> list[int]:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
