@@ -129,6 +129,7 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "sparse_quality": ("sparse_quality.json", _sparse_quality),
     "spec": ("spec.json", _spec),
     "verify budget": ("verify_budget/spec.json", _spec),
+    "verify budget, drafter cost priced": ("spec_budget_calibrated.json", _spec),
     "drafters": ("spec_drafters.json", _spec),
     "drafters, long documents": ("spec_drafters_longdoc.json", _spec),
     "transfer": ("transfer.json", _transfer),
