@@ -1,5 +1,7 @@
 """A decoder that dies mid-request and is restarted resumes from its kvtier pages: no second
-prefill, the same greedy tokens as the uninterrupted run (real kvtier process, real weights)."""
+prefill, the same greedy tokens as the uninterrupted run without speculation (real kvtier
+process, real weights), also when both decoders speculate (the resumed request's drafter starts
+from the recomputed tail only: what it drafts changes, the tokens do not)."""
 
 import pytest
 
@@ -8,13 +10,15 @@ from tests.decoder.prompts import long_document
 from tests.kvtier.test_decoder_host_tier import SMOLLM_LAYOUT
 
 
-@pytest.mark.parametrize("attention", ["dense", "sparse"])
-def test_restarted_decoder_resumes_without_a_second_prefill(loaded_model, kvtier_process, llm, attention):
+@pytest.mark.parametrize(("attention", "spec"), [("dense", "none"), ("sparse", "none"), ("dense", "dflash"),
+                                                  ("sparse", "ngram")])
+def test_restarted_decoder_resumes_without_a_second_prefill(loaded_model, kvtier_process, llm, attention, spec):
     kvtier = kvtier_process(**SMOLLM_LAYOUT, host_pool_pages=256, lease_ttl_s=60)
     settings = dict(attention=attention, top_k_tokens=64, sink_pages=1, recent_pages=2)
     prompt = loaded_model.tokenizer.encode(long_document(30))
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     reference = LLM(loaded=loaded_model, **settings).generate([prompt], params)[0].token_ids
+    settings.update(spec=spec, spec_tokens=7)
 
     first = LLM(loaded=loaded_model, kvtier_address=kvtier.address, decoder_id="dec-r", resumable_requests=True,
                 **settings).engine
@@ -39,6 +43,8 @@ def test_restarted_decoder_resumes_without_a_second_prefill(loaded_model, kvtier
     # no second prefill: only the tail after the last written-back page (< one page) is recomputed
     assert request.stats.num_prefill_tokens < second.config.page_size
     assert request.stats.num_swapped_in_pages > 0
+    if spec != "none":
+        assert request.stats.num_verify_steps > 0  # the resumed request did speculate
     second.step()
     stats = second.host_tier.client.stats(check_integrity=True)
     second.close()
