@@ -206,3 +206,23 @@ def test_draft_vocabulary_files_are_checked(tmp_path):
             (tmp_path / "draft_vocab.json").write_text(json.dumps({"token_ids": bad}))
         with pytest.raises(DraftCheckpointError, match="token_ids"):
             read_draft_vocab(tmp_path, 50)
+
+
+def test_one_pass_for_a_steps_requests_equals_appending_each():
+    """``DraftContext.append_all`` (the step's requests in one projection) leaves every ring exactly
+    as appending request by request would: contiguous starts, a start that resets the ring (a
+    resumed request), a chunk longer than the window."""
+    cfg = small_config("dflash")
+    net = random_net(cfg, seed=3)
+    torch.manual_seed(4)
+    batched = [DraftContext(cfg, torch.float32) for _ in range(3)]
+    single = [DraftContext(cfg, torch.float32) for _ in range(3)]
+    with torch.no_grad():
+        for step in ([(0, 3), (0, 2), (0, 9)], [(3, 1), (7, 2), (9, 1)], [(4, 2), (9, 1), (10, 8)]):
+            items = [(start, torch.randn(count, cfg.feature_size)) for start, count in step]
+            DraftContext.append_all(net, [(c, s, f) for c, (s, f) in zip(batched, items, strict=True)])
+            for c, (s, f) in zip(single, items, strict=True):
+                c.append(net, s, f)
+    for a, b in zip(batched, single, strict=True):
+        assert torch.equal(a.slot_pos, b.slot_pos) and a.end == b.end
+        assert torch.allclose(a.k, b.k, atol=1e-6) and torch.allclose(a.v, b.v, atol=1e-6)

@@ -260,6 +260,7 @@ class Engine:
             self.speculator.observe_step(sum(s.num_query_tokens for s in batch), time.perf_counter() - now)
         committed = output.committed
         events: list[TokenEvent] = []
+        observed: list[tuple[Request, int]] = []  # (request, first position committed this step)
         sealed: list[tuple[Request, int]] = []  # (request, logical page)
         page_size = self.config.page_size
         for sched in batch:
@@ -278,13 +279,14 @@ class Engine:
                 self._append_token(request, token_id, events)
                 if request.is_finished:
                     break
-            if self.speculator is not None and not request.is_finished:
-                self.speculator.observe(request, old_computed, output.features,
-                                        output.first_row[request.request_id])
+            if not request.is_finished:
+                observed.append((request, old_computed))
             if not request.is_finished:
                 # pages whose last row is committed now; rows of rejected drafts never count
                 sealed.extend((request, page) for page in range(old_computed // page_size,
                                                                 request.num_computed_tokens // page_size))
+        if self.speculator is not None:
+            self.speculator.observe(observed, output.features, output.first_row)
         self.runner.seal_pages(sealed)
         if self.host_tier is not None:
             self.host_tier.write_back([(r.request_id, p, r.slots[p]) for r, p in sealed])

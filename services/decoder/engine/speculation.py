@@ -119,12 +119,19 @@ class Speculator:
         misses_per_token = request.stats.num_buffer_misses / max(len(request.output_ids), 1)
         return misses_per_token * self.profile.fetch_s_per_page_layer
 
-    def observe(self, request: Request, start: int, features: torch.Tensor | None, first_row: int) -> None:
-        """``features``: the step's captured features; the request's committed positions
-        ``start .. request.num_computed_tokens`` occupy rows from ``first_row`` on."""
-        if features is not None:
-            self.drafter.observe(request.request_id, start,
-                                 features[first_row : first_row + request.num_computed_tokens - start])
+    def observe(self, committed: list[tuple[Request, int]], features: torch.Tensor | None,
+                first_row: dict[str, int]) -> None:
+        """``committed``: (request, its first position committed this step) for the step's
+        unfinished requests; ``features``: the step's captured features, where a request's
+        committed positions ``start .. request.num_computed_tokens`` occupy rows from
+        ``first_row[request_id]`` on. One drafter call for all of them."""
+        if features is None:
+            return
+        items = []
+        for request, start in committed:
+            row = first_row[request.request_id]
+            items.append((request.request_id, start, features[row : row + request.num_computed_tokens - start]))
+        self.drafter.observe_batch(items)
 
     def release(self, request: Request) -> None:
         self.drafter.release(request.request_id)

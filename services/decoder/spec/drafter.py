@@ -47,6 +47,11 @@ class Drafter(ABC):
         """``features: [n, len(feature_layers) * hidden]``: the target's hidden states after each
         of ``feature_layers`` at the committed positions ``start .. start + n``."""
 
+    def observe_batch(self, items: list[tuple[str, int, torch.Tensor]]) -> None:
+        """``observe`` for every (request id, start, features) of a step; drafters may batch it."""
+        for request_id, start, features in items:
+            self.observe(request_id, start, features)
+
     def release(self, request_id: str) -> None:
         """Forgets a finished or aborted request."""
 

@@ -59,11 +59,14 @@ class DFlashDrafter(Drafter):
         return self.cfg.block_size - 1
 
     def observe(self, request_id: str, start: int, features: torch.Tensor) -> None:
-        context = self.contexts.get(request_id)
-        if context is None:
-            context = self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
+        self.observe_batch([(request_id, start, features)])
+
+    def observe_batch(self, items: list[tuple[str, int, torch.Tensor]]) -> None:
+        for request_id, _, _ in items:
+            if request_id not in self.contexts:
+                self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
         with torch.inference_mode():
-            context.append(self.net, start, features)
+            DraftContext.append_all(self.net, [(self.contexts[rid], start, f) for rid, start, f in items if len(f)])
 
     def release(self, request_id: str) -> None:
         self.contexts.pop(request_id, None)

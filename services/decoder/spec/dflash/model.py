@@ -128,16 +128,35 @@ class DraftContext:
     def append(self, net: DraftNet, start: int, features: torch.Tensor) -> None:
         """Adds the features of positions ``start .. start + n``. A start other than ``end``
         (a recomputed or resumed request) drops what the ring held first."""
-        if start != self.end:
-            self.slot_pos.fill_(-1)
-        window = self.slot_pos.shape[0]
-        count = features.shape[0]
-        if count > window:
-            start, features, count = start + count - window, features[count - window :], window
-        positions = torch.arange(start, start + count)
-        slots = positions % window
-        for layer, (k, v) in enumerate(net.context_kv(features.to(self.k.dtype), positions)):
-            self.k[layer, slots] = k
-            self.v[layer, slots] = v
-        self.slot_pos[slots] = positions
-        self.end = start + count
+        DraftContext.append_all(net, [(self, start, features)])
+
+    @staticmethod
+    def append_all(net: DraftNet, items: list[tuple[DraftContext, int, torch.Tensor]]) -> None:
+        """``append`` for several contexts with one ``context_kv`` pass over all their rows
+        (the step's requests together: one projection instead of one per request)."""
+        if not items:
+            return
+        kept = []
+        for context, start, features in items:
+            if start != context.end:
+                context.slot_pos.fill_(-1)
+            window = context.slot_pos.shape[0]
+            count = features.shape[0]
+            if count > window:
+                start, features, count = start + count - window, features[count - window :], window
+            kept.append((context, start, features, count))
+        dtype = kept[0][0].k.dtype
+        positions = torch.cat([torch.arange(start, start + count) for _, start, _, count in kept])
+        rows = torch.cat([features for _, _, features, _ in kept]).to(dtype)
+        per_layer = net.context_kv(rows, positions)
+        offset = 0
+        for context, start, _, count in kept:
+            window = context.slot_pos.shape[0]
+            pos = positions[offset : offset + count]
+            slots = pos % window
+            for layer, (k, v) in enumerate(per_layer):
+                context.k[layer, slots] = k[offset : offset + count]
+                context.v[layer, slots] = v[offset : offset + count]
+            context.slot_pos[slots] = pos
+            context.end = start + count
+            offset += count
