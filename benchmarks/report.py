@@ -130,6 +130,7 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "spec": ("spec.json", _spec),
     "verify budget": ("verify_budget/spec.json", _spec),
     "verify budget, drafter cost priced": ("spec_budget_calibrated.json", _spec),
+    "learned drafters, batched observe": ("spec_learned_batched_observe.json", _spec),
     "drafters": ("spec_drafters.json", _spec),
     "drafters, long documents": ("spec_drafters_longdoc.json", _spec),
     "transfer": ("transfer.json", _transfer),
