@@ -40,8 +40,9 @@ def test_restarted_decoder_resumes_without_a_second_prefill(loaded_model, kvtier
     while second.has_unfinished():
         second.step()
     assert request.output_ids == reference
-    # no second prefill: only the tail after the last written-back page (< one page) is recomputed
-    assert request.stats.num_prefill_tokens < second.config.page_size
+    # no second prefill: only the tail after the last written-back page is recomputed, the unsealed
+    # page's 0..15 tokens plus the last delivered token (no KV yet): at most one page
+    assert request.stats.num_prefill_tokens <= second.config.page_size
     assert request.stats.num_swapped_in_pages > 0
     if spec != "none":
         assert request.stats.num_verify_steps > 0  # the resumed request did speculate

@@ -76,7 +76,7 @@ def test_a_killed_decoders_request_resumes_on_another_decoder_after_its_lease_ex
         # most the page whose commit the kill cut off, is computed again) ...
         assert after.num_resumed_requests - before[resumer].num_resumed_requests == 1
         assert after.num_requests_finished - before[resumer].num_requests_finished == 1
-        assert after.num_prefill_tokens - before[resumer].num_prefill_tokens < 2 * PAGE_SIZE
+        assert after.num_prefill_tokens - before[resumer].num_prefill_tokens <= 2 * PAGE_SIZE
         # ... only after the dead decoder's lease ran out (until then kvtier refuses the claim and
         # the gateway retries), and the expiry left the resumable request in kvtier for the claim
         assert resumed_s > LEASE_TTL_S - 0.5, resumed_s
