@@ -111,6 +111,32 @@ def _serve(d: dict) -> Iterator[Row]:
            d["in_process"]["output_tokens_per_s"], ratio, ">= 0.95x", ratio >= 0.95)
 
 
+def _selection_trace(d: dict) -> Iterator[Row]:
+    plain, spec = d["runs"]
+    check = plain["replay_check"]
+    yield ("residency replay reproduces the engine's hits and misses", "pages", check["hits"], plain["engine_hits"],
+           None, "equal", check["equal"])
+    yield (f"working-set union factor, {spec['spec']} block of {spec['spec_tokens']}", "x", spec["union_factor"], None,
+           None, "", None)
+    yield (f"mean acceptance length, {spec['spec']} (trace for the projection)", "tokens/step",
+           spec["mean_acceptance_length"], None, None, "", None)
+    for point in plain["hit_rate_curve"]:
+        yield (f"steady-state hit rate, buffer {point['buffer_over_working_set']:.2f}x the working set", "",
+               point["hit_rate"], None, None, "", None)
+
+
+def _h200_projection(d: dict) -> Iterator[Row]:
+    fed = "trace-fed" if d["trace"]["source"] else "ASSUMED inputs"
+    for model in d["shapes"]:
+        for spec in ("off", "on"):
+            rows = {r["mode"]: r for r in d["rows"] if r["model"] == model and r["speculation"] == spec}
+            dense = rows["dense-resident"]["tokens_per_s"]
+            for mode in ("always-sparse", "adaptive"):
+                ours = rows[mode]["tokens_per_s"]
+                yield (f"PROJECTED H200 {model}, spec {spec}: {mode} vs dense-resident ({fed})", "tok/s", ours, dense,
+                       ours / dense if dense else None, "", None)
+
+
 def _gpu_kernels(d: dict) -> Iterator[Row]:
     for r in d["attention"]:
         yield (f"H200 sparse vs SDPA dense decode attention, {r['context_tokens']} tokens x {r['batch']}", "ms",
@@ -136,6 +162,8 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "transfer": ("transfer.json", _transfer),
     "residency": ("residency.json", _residency),
     "serve": ("serve-short_chat.json", _serve),
+    "selection trace": ("selection_trace.json", _selection_trace),
+    "h200 projection": ("h200_projection.json", _h200_projection),
 }
 
 

@@ -70,12 +70,14 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "h200_projection": "benchmarks.h200_projection.run",
     "transfer": "benchmarks.transfer",
     "residency": "benchmarks.residency",
+    "selection_trace": "benchmarks.selection_trace",
     "gpu_kernels": "benchmarks.gpu_kernels",
     "soak": "benchmarks.soak.__main__",
     "report": "benchmarks.report",
 }
 ALL_ON_CPU = ("decode", "context_sweep", "sparse_quality", "spec", "serve", "transfer", "residency",
-              "h200_projection", "report")  # `bench all`: every CPU benchmark, then report.md
+              "selection_trace", "h200_projection", "report")  # `bench all`: every CPU benchmark, then report.md
+# (selection_trace before h200_projection: the projection reads the trace it writes)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -104,7 +104,9 @@ def plot(result: dict, path: Path) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.h200_projection", description=__doc__)
-    p.add_argument("--trace", default=None, help="JSON trace from CPU runs (see traces.py); else ASSUMED defaults")
+    p.add_argument("--trace", default="auto",
+                   help="JSON trace from CPU runs (see traces.py); 'auto' (default): selection_trace.json in the "
+                        "output directory if `bench selection_trace` wrote one there; 'none': ASSUMED defaults")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma list of {sorted(MODELS)}")
     p.add_argument("--context-tokens", type=int, default=C.CONTEXT_TOKENS)
     p.add_argument("--num-requests", type=int, default=C.NUM_REQUESTS)
@@ -123,7 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     hw = C.Hardware(hbm_usable_fraction=args.hbm_usable_fraction, pcie_overlapped=not args.no_overlap)
     wl = C.Workload(context_tokens=args.context_tokens, num_requests=args.num_requests,
                     digest_bytes_per_value=args.digest_bytes)
-    trace = load_trace(args.trace, wl.context_tokens)
+    out = Path(args.out) if args.out else results_dir()
+    trace_path = args.trace
+    if trace_path == "auto":
+        trace_path = out / "selection_trace.json" if (out / "selection_trace.json").is_file() else None
+    elif trace_path == "none":
+        trace_path = None
+    trace = load_trace(trace_path, wl.context_tokens)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODELS]
     if unknown:
@@ -147,7 +155,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ntrace: {trace.source}; page counts: {trace.scaling or 'no hit-rate curve in the trace'}")
     if assumed:
         print(f"ASSUMED (no --trace value): {', '.join(assumed)}")
-    out = Path(args.out) if args.out else results_dir()
     out.mkdir(parents=True, exist_ok=True)
     path = write_json(out / "h200_projection.json", result)
     print(f"wrote {path}")

@@ -6,13 +6,22 @@ A trace file (``--trace path.json``) looks like::
       "source": "what run recorded it",
       "context_tokens": 8192,            # context the trace was recorded at
       "hit_rate_curve": [{"buffer_pages": 64, "hit_rate": 0.71}, ...],
+      "hit_rate_curve_over_working_set": [{"buffer_over_working_set": 1.5, "hit_rate": 0.9}, ...],
       "working_set_union_factor": 1.4,   # |union of a verify block's selections| / |one selection|
       "mean_acceptance_length": 2.9,     # tokens committed per verify step (bonus included)
       "gamma": 8                          # draft tokens per verify block
     }
 
 Every key is optional; a missing one falls back to the default in ``constants`` and is reported
-as ASSUMED. Buffer sizes in the trace are scaled to the projected context LINEARLY in page
+as ASSUMED. A ``benchmarks.selection_trace`` result (``selection_trace.json``) holds its trace under
+``"trace"``; that is read as the trace.
+
+Two ways to give the hit-rate curve, at most one per trace:
+- ``hit_rate_curve_over_working_set`` (what ``benchmarks.selection_trace`` records): buffer sizes in
+  multiples of a step's mean working set; the projection applies the same multiple to its own
+  working set (a buffer 2x the working set hits as often at 100K as at 8K). With a fixed top-k
+  budget the working set does not grow with the context, so this is the natural unit.
+- ``hit_rate_curve``: buffer sizes in pages at ``context_tokens``. Buffer sizes in the trace are scaled to the projected context LINEARLY in page
 count (``buffer_pages x context / traced_context``): a buffer holding 1/8 of an 8K context is
 taken to hit as often as one holding 1/8 of a 100K context. That is the stated scaling rule, not
 a measurement; with a fixed top-k budget the working set does not grow with context, so linear
@@ -71,6 +80,7 @@ class TraceInputs:
     """What the projection takes from CPU traces, with provenance per field."""
 
     hit_points: tuple[tuple[float, float], ...] | None = None  # scaled to the projected context
+    hit_ratios: tuple[tuple[float, float], ...] | None = None  # (buffer / working set, hit rate)
     working_set_union_factor: float = C.SPEC_WORKING_SET_UNION_FACTOR
     acceptance_length: float = C.SPEC_ACCEPTANCE_LENGTH
     gamma: int = C.SPEC_GAMMA
@@ -84,14 +94,15 @@ class TraceInputs:
     scaling: str | None = None
 
     def hit_curve(self, working_set_pages: float, full_pages: float) -> HitCurve:
-        if self.hit_points is None:
-            return HitCurve.from_ratios(C.DEFAULT_HIT_CURVE_RATIOS, working_set_pages, full_pages)
-        return HitCurve(self.hit_points, full_pages)
+        if self.hit_points is not None:
+            return HitCurve(self.hit_points, full_pages)
+        return HitCurve.from_ratios(self.hit_ratios or C.DEFAULT_HIT_CURVE_RATIOS, working_set_pages, full_pages)
 
     def as_dict(self) -> dict:
         return {
             "source": self.source,
             "hit_rate_curve_pages_at_projected_context": [list(p) for p in self.hit_points] if self.hit_points else None,
+            "hit_rate_curve_over_working_set": [list(p) for p in self.hit_ratios] if self.hit_ratios else None,
             "working_set_union_factor": self.working_set_union_factor,
             "mean_acceptance_length": self.acceptance_length,
             "gamma": self.gamma,
@@ -106,6 +117,10 @@ def load_trace(path: str | Path | None, context_tokens: int = C.CONTEXT_TOKENS) 
     if path is None:
         return inputs
     raw = json.loads(Path(path).read_text())
+    if raw.get("benchmark") == "selection_trace":
+        raw = raw["trace"]
+    if "hit_rate_curve" in raw and "hit_rate_curve_over_working_set" in raw:
+        raise ValueError("a trace gives hit_rate_curve or hit_rate_curve_over_working_set, not both")
     inputs.source = raw.get("source", str(path))
     where = f"TRACE {path}"
     if "hit_rate_curve" in raw:
@@ -118,6 +133,11 @@ def load_trace(path: str | Path | None, context_tokens: int = C.CONTEXT_TOKENS) 
         inputs.provenance["hit_rate_curve"] = f"{where}, buffer pages scaled linearly x{scale:.4g}"
         inputs.scaling = (f"linear in page count: traced at {traced_context} tokens, projected at "
                           f"{context_tokens} tokens (x{scale:.4g})")
+    if "hit_rate_curve_over_working_set" in raw:
+        inputs.hit_ratios = tuple(sorted((float(p["buffer_over_working_set"]), float(p["hit_rate"]))
+                                         for p in raw["hit_rate_curve_over_working_set"]))
+        inputs.provenance["hit_rate_curve"] = f"{where}, buffer in multiples of the working set"
+        inputs.scaling = "buffer pages as the same multiple of the projected working set"
     for key, attr in (("working_set_union_factor", "working_set_union_factor"),
                       ("mean_acceptance_length", "acceptance_length"), ("gamma", "gamma")):
         if key in raw:

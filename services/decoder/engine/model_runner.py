@@ -19,7 +19,7 @@ from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.kv.digest_pool import DigestPool
 from services.decoder.kv.host_tier import HostTier
 from services.decoder.kv.hot_pool import HotPool
-from services.decoder.kv.sparse_step import SparseStep
+from services.decoder.kv.sparse_step import SelectionObserver, SparseStep
 from services.decoder.model.attention import (
     AttentionMetadata,
     PagedAttention,
@@ -53,6 +53,8 @@ class ModelRunner:
         if sparse is not None:
             self.digests = DigestPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype, pool.num_slots)
         self.host_tier: HostTier | None = None  # see attach_host_tier
+        # benchmarks.selection_trace: sees every SPARSE request's working set per layer (None: off)
+        self.selection_observer: SelectionObserver | None = None
         self.attention = PagedAttention(pool, cfg.num_heads, model.scale, sparse, self.digests)
 
     def attach_host_tier(self, host_tier: HostTier) -> None:
@@ -165,7 +167,8 @@ class ModelRunner:
             requests = [scheds[row].request for row in sparse_rows]
             sparse = SparseStep(sparse_rows, [r.buffer for r in requests],
                                 [self.host_tier.host_pages[r.request_id] for r in requests], self.pool,
-                                self.host_tier.client.host_pages, owners=requests)
+                                self.host_tier.client.host_pages, owners=requests,
+                                observer=self.selection_observer)
         return PageListTokens(
             token_rows=torch.arange(token_start, token_start + len(token_req), dtype=torch.int64),
             token_req=torch.tensor(token_req, dtype=torch.int64),

@@ -13,6 +13,9 @@ from services.decoder.kv.hot_pool import HotPool
 from services.decoder.kv.sparse_buffer import SparseBuffer
 
 HostLayer = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # layer -> host K, V [pages, page, KVH, D]
+# (owner, layer, working pages [W] ascending, unpinned pages each of its query tokens selected [T]):
+# what a selection trace records, once per SPARSE request per layer, before residency is resolved
+SelectionObserver = Callable[[object, int, torch.Tensor, torch.Tensor], None]
 
 
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -26,10 +29,13 @@ def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
 class SparseStep:
     """``rows[b]``: the page-table row of SPARSE request b among the step's page-list rows;
     ``buffers[b]`` its buffer; ``host_pages[b]``: its host page id per logical page; ``owners[b]``:
-    whatever the caller uses to credit ``hits[b]`` / ``misses[b]`` after the forward."""
+    whatever the caller uses to credit ``hits[b]`` / ``misses[b]`` after the forward;
+    ``observer``: if given, called with each request's working set per layer (a selection trace)."""
 
     def __init__(self, rows: list[int], buffers: list[SparseBuffer], host_pages: list[list[int]],
-                 pool: HotPool, host_layer: HostLayer, owners: list | None = None):
+                 pool: HotPool, host_layer: HostLayer, owners: list | None = None,
+                 observer: SelectionObserver | None = None):
+        self.observer = observer
         self.rows = torch.tensor(rows, dtype=torch.int64)
         self.owners = owners if owners is not None else [None] * len(buffers)
         self.buffers = buffers
@@ -45,6 +51,12 @@ class SparseStep:
         """``selected: [T, S]`` logical pages (-1 padded), ``token_req: [T]`` table row of each
         token, ``table: [R, P]`` pinned slot of each page (-1 = not pinned). Returns
         ``[B, W]``: per SPARSE request, the unpinned pages its tokens selected, ascending, -1 padded."""
+        return self._working_pages(selected, token_req, table)[0]
+
+    def _working_pages(self, selected: torch.Tensor, token_req: torch.Tensor,
+                       table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``working_pages`` plus, per token, its request's index b (-1: not SPARSE) ``[T]`` and
+        how many unpinned pages it selected ``[T]``."""
         num_rows, max_pages = table.shape
         b_of_row = torch.full((num_rows,), -1, dtype=torch.int64)
         b_of_row[self.rows] = torch.arange(len(self.buffers))
@@ -57,7 +69,7 @@ class SparseStep:
         width = max(int(marks.sum(1).max()) if marks.numel() else 0, 1)
         ids = torch.where(marks, torch.arange(max_pages), max_pages)
         ws = torch.sort(ids, dim=1).values[:, :width]
-        return torch.where(ws < max_pages, ws, -1)
+        return torch.where(ws < max_pages, ws, -1), b_of_row[token_req], need.sum(1)
 
     def layer_table(self, layer: int, selected: torch.Tensor, token_req: torch.Tensor,
                     table: torch.Tensor) -> torch.Tensor:
@@ -65,7 +77,10 @@ class SparseStep:
         slot of every page hot in this layer (pinned or buffered). Copies misses host -> hot.
         Mutates: the buffers' state of this layer, this layer's hot pool slots of the buffers."""
         max_pages = table.shape[1]
-        ws = self.working_pages(selected, token_req, table)
+        ws, token_b, token_pages = self._working_pages(selected, token_req, table)
+        if self.observer is not None:
+            for b, owner in enumerate(self.owners):
+                self.observer(owner, layer, ws[b][ws[b] >= 0], token_pages[token_b == b])
         capacity = max(buf.capacity for buf in self.buffers)
         slot_of_page = _pad_rows([buf.slot_of_page[layer] for buf in self.buffers], max_pages)
         lru = _pad_rows([buf.lru[layer] for buf in self.buffers], capacity)
