@@ -18,10 +18,7 @@ reaped request forever and failed the next request routed to it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,10 +26,17 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from dhisparse.stack import free_port
-from services.decoder.service.server import probe
 from services.metadata.keys import Keys
 from tests.reliability.test_stack_faults import kvtier_stats
-from tests.serving.resume_stack import MODEL, PROMPT, decoder_stats, start_stack, stream
+from tests.serving.resume_stack import (
+    MODEL,
+    PROMPT,
+    decoder_stats,
+    join_second_decoder,
+    start_stack,
+    stream,
+    wait_for,
+)
 
 HEARTBEAT_TTL_S = 2.0
 LEASE_TTL_S = 3.0
@@ -42,26 +46,6 @@ ENV = {"DHISPARSE_DECODER_HEARTBEAT_INTERVAL_S": "0.5", "DHISPARSE_DECODER_HEART
        "DHISPARSE_KVTIER_LEASE_TTL_S": str(LEASE_TTL_S), "DHISPARSE_GATEWAY_DECODER_KEEPALIVE_S": str(KEEPALIVE_S)}
 MAX_TOKENS = 96
 SHORT = "The capital of France is"
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def start_decoder_b(stack, port: int, log_path) -> subprocess.Popen:
-    """A second decoder on the stack's Redis and kvtier, with the stack's token and environment."""
-    o = stack.options
-    with open(log_path, "wb") as log_file:
-        return subprocess.Popen(
-            [sys.executable, "-m", "services.decoder.service", "--host", "127.0.0.1", "--port", str(port),
-             "--advertise-address", f"127.0.0.1:{port}", "--decoder-id", "decoder-b", "--redis-url", stack.redis.url,
-             "--kvtier-address", f"{o.host}:{o.kvtier_port}", "--kv-cache-tokens", "8192", "--threads", "1"],
-            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **stack._internal_env(), **o.env})
 
 
 def raw_stream(url: str, on_event) -> dict:
@@ -87,11 +71,8 @@ def test_a_frozen_decoder_leaves_routing_within_the_ttl_and_its_pages_are_reclai
     stack = start_stack(tmp_path / "stack", env=ENV)
     port = free_port()
     b_address = f"127.0.0.1:{port}"
-    b = start_decoder_b(stack, port, tmp_path / "decoder-b.log")
+    b = join_second_decoder(stack, port, tmp_path / "decoder-b.log")
     try:
-        wait_for(lambda: b.poll() is not None or probe(b_address, 1.0, stack.security), 240, "decoder-b")
-        assert b.poll() is None, (tmp_path / "decoder-b.log").read_text()
-        wait_for(lambda: httpx.get(f"{stack.url}/health").json()["num_decoders"] == 2, 10, "two decoders")
         reference = stream(stack.url, max_tokens=MAX_TOKENS)["text"]
         decoders = {stack.decoder_address: stack.processes["decoder"], b_address: b}
         seen = {}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -27,22 +26,11 @@ from tests.reliability.test_stack_faults import (
     assert_pages_all_freed,
     kvtier_stats,
     once_at,
+    run_both,
     stack,  # noqa: F401 - the fixture
 )
-from tests.serving import resume_stack
 
-MAX_TOKENS = 128
-
-
-def stream(url: str, prompt: str, on_event=None) -> tuple[str, str, int]:
-    out = resume_stack.stream(url, on_event, MAX_TOKENS, prompt)
-    return out["text"], out["finish_reason"], (out["usage"] or {}).get("completion_tokens", 0)
-
-
-def run_both(url: str, on_event=None) -> list[tuple[str, str, int]]:
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(stream, url, PROMPTS[0], on_event), pool.submit(stream, url, PROMPTS[1])]
-        return [f.result() for f in futures]
+MAX_TOKENS = 128  # longer than test_stack_faults' streams: Redis is killed and restarted mid-stream
 
 
 def persisted_table(local) -> dict[str, tuple]:
@@ -101,7 +89,7 @@ def compare_paused(local, seen: dict, name: str) -> None:
 
 
 def test_redis_kill9_loses_no_acknowledged_page_table_write(stack):  # noqa: F811 - the fixture
-    reference = run_both(stack.url)
+    reference = run_both(stack.url, max_tokens=MAX_TOKENS)
     assert all(r[1] == "length" and r[2] == MAX_TOKENS for r in reference), reference
     assert_pages_all_freed(stack)
     seen: dict = {}
@@ -126,7 +114,7 @@ def test_redis_kill9_loses_no_acknowledged_page_table_write(stack):  # noqa: F81
         compare_paused(stack, seen, "later")
 
     first, second = once_at(3, outage), once_at(60, later)
-    outputs = run_both(stack.url, lambda n: (first(n), second(n)))
+    outputs = run_both(stack.url, lambda n: (first(n), second(n)), MAX_TOKENS)
     deadline = time.monotonic() + 30
     while "later" not in seen and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -27,7 +28,8 @@ MAX_TOKENS = 64
 
 @pytest.fixture
 def stack(tmp_path):
-    options = StackOptions(gateway_port=free_port(), decoder_port=free_port(), kvtier_port=free_port(), kvtier=True,
+    # its own kvtier segment name: the serving tests' session stack (same pytest process) may be up
+    options = StackOptions(instance=f"faults-{uuid.uuid4().hex[:8]}", gateway_port=free_port(), decoder_port=free_port(), kvtier_port=free_port(), kvtier=True,
                            kvtier_pool_gib=0.1, workdir=tmp_path / "stack",
                            decoder_args=["--kv-cache-tokens", "8192", "--threads", "1"])
     options.workdir.mkdir()
@@ -36,16 +38,18 @@ def stack(tmp_path):
     local.stop()
 
 
-def stream(url: str, prompt: str, on_event=None) -> tuple[str, str, int]:
+def stream(url: str, prompt: str, on_event=None, max_tokens: int = MAX_TOKENS) -> tuple[str, str, int]:
     """One greedy streamed completion: ``(text, finish_reason, completion_tokens)``; ``on_event(n)``
     after the n-th event. Fails on an error event."""
-    out = resume_stack.stream(url, on_event, MAX_TOKENS, prompt)
+    out = resume_stack.stream(url, on_event, max_tokens, prompt)
     return out["text"], out["finish_reason"], (out["usage"] or {}).get("completion_tokens", 0)
 
 
-def run_both(url: str, on_event=None) -> list[tuple[str, str, int]]:
+def run_both(url: str, on_event=None, max_tokens: int = MAX_TOKENS) -> list[tuple[str, str, int]]:
+    """Both ``PROMPTS`` streamed at once (``on_event`` sees the first one's events)."""
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(stream, url, PROMPTS[0], on_event), pool.submit(stream, url, PROMPTS[1])]
+        futures = [pool.submit(stream, url, PROMPTS[0], on_event, max_tokens),
+                   pool.submit(stream, url, PROMPTS[1], None, max_tokens)]
         return [f.result() for f in futures]
 
 

@@ -1,14 +1,20 @@
 """Helpers of the resume tests (a decoder going away under a live SSE stream): a whole stack with
-kvtier, a greedy streamed completion through the gateway, and a decoder's Stats over gRPC."""
+kvtier, a second decoder joining it, a greedy streamed completion through the gateway, and a
+decoder's Stats over gRPC."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 import uuid
 
 import httpx
 
 from dhisparse.stack import LocalStack, StackOptions, free_port
+from services.decoder.service.server import probe
 from services.rpc import decoder_pb2 as pb
 from services.rpc import decoder_pb2_grpc as pb_grpc
 from tests.decoder.prompts import long_document
@@ -28,6 +34,39 @@ def start_stack(workdir, decoder_args=(), env=None) -> LocalStack:
                            decoder_args=["--kv-cache-tokens", "8192", "--threads", "1", *decoder_args],
                            gateway_args=["--resume-timeout-s", "120"])
     return LocalStack(options).start(log=lambda _msg: None)
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    """Polls ``predicate`` until it returns something truthy (returned) or fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def join_second_decoder(stack: LocalStack, port: int, log_path, kv_cache_tokens: int = 8192,
+                        extra_args=()) -> subprocess.Popen:
+    """Decoder "decoder-b" on ``port``: the stack's Redis, kvtier, internal credentials and
+    environment. Returns once it answers and the gateway routes to two decoders (killed if not)."""
+    o = stack.options
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.decoder.service", "--host", "127.0.0.1", "--port", str(port),
+             "--advertise-address", f"127.0.0.1:{port}", "--decoder-id", "decoder-b", "--redis-url", stack.redis.url,
+             "--kvtier-address", f"{o.host}:{o.kvtier_port}", "--kv-cache-tokens", str(kv_cache_tokens),
+             "--threads", "1", *extra_args],
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **stack._internal_env(), **o.env})
+    try:
+        address = f"127.0.0.1:{port}"
+        wait_for(lambda: process.poll() is not None or probe(address, 1.0, stack.security), 240, "decoder-b")
+        assert process.poll() is None, log_path.read_text()
+        wait_for(lambda: httpx.get(f"{stack.url}/health").json()["num_decoders"] == 2, 10, "two decoders")
+    except BaseException:
+        process.kill()
+        raise
+    return process
 
 
 def stream(url: str, on_event=None, max_tokens: int = MAX_TOKENS, prompt: str = PROMPT) -> dict:

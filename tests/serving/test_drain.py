@@ -6,22 +6,15 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
 from dhisparse.stack import free_port
 from services.decoder.service.server import probe
 from tests.serving.conftest import API_KEY, MODEL
+from tests.serving.resume_stack import wait_for
 
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def decoder_b_stats(port: int):

@@ -8,37 +8,19 @@ uninterrupted run, no token twice or missing, the usage of the whole request."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-
-import httpx
 
 from dhisparse.stack import free_port
-from services.decoder.service.server import probe
 from tests.reliability.test_stack_faults import assert_pages_all_freed
-from tests.serving.resume_stack import MAX_TOKENS, PAGE_SIZE, decoder_stats, prompt_tokens, start_stack, stream
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def start_second_decoder(stack, port: int, log_file) -> subprocess.Popen:
-    """Decoder B on ``port``: the same kvtier, Redis and internal token as the stack's decoder A."""
-    o = stack.options
-    return subprocess.Popen(
-        [sys.executable, "-m", "services.decoder.service", "--host", "127.0.0.1", "--port", str(port),
-         "--advertise-address", f"127.0.0.1:{port}", "--decoder-id", "decoder-b", "--redis-url", stack.redis.url,
-         "--kvtier-address", f"{o.host}:{o.kvtier_port}", "--kv-cache-tokens", "16384", "--threads", "1",
-         "--drain-timeout-s", "0.3"],
-        stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, **stack._internal_env()})
+from tests.serving.resume_stack import (
+    MAX_TOKENS,
+    PAGE_SIZE,
+    decoder_stats,
+    join_second_decoder,
+    prompt_tokens,
+    start_stack,
+    stream,
+)
 
 
 def test_sigterm_mid_stream_hands_the_request_to_another_decoder(tmp_path):
@@ -46,12 +28,8 @@ def test_sigterm_mid_stream_hands_the_request_to_another_decoder(tmp_path):
     port = free_port()
     b = f"127.0.0.1:{port}"
     log_path = tmp_path / "decoder-b.log"
-    with open(log_path, "wb") as log_file:
-        process = start_second_decoder(stack, port, log_file)
+    process = join_second_decoder(stack, port, log_path, kv_cache_tokens=16384, extra_args=["--drain-timeout-s", "0.3"])
     try:
-        wait_for(lambda: process.poll() is not None or probe(b, 1.0, stack.security), 240, "decoder-b")
-        assert process.poll() is None, log_path.read_text()
-        wait_for(lambda: httpx.get(f"{stack.url}/health").json()["num_decoders"] == 2, 10, "two decoders")
         num_prompt_tokens = prompt_tokens(stack.url)
         assert num_prompt_tokens > 20 * PAGE_SIZE
         reference = stream(stack.url)  # uninterrupted
