@@ -60,12 +60,13 @@ def _fill_context(engine, source_slots: list[int], prompt_ids: list[int], decode
     return rid
 
 
-def measure(loaded, attention: str, context_len: int, decode_tokens: int, top_k_tokens: int) -> float:
+def measure(loaded, attention: str, context_len: int, decode_tokens: int, top_k_tokens: int,
+            page_score: str = "center") -> float:
     """Decode tok/s of one request at ``context_len`` (first step excluded)."""
     from dhisparse import LLM, SamplingParams
 
     capacity = -(-(context_len + decode_tokens + 2 * SOURCE_TOKENS) // 16) * 16
-    llm = LLM(loaded=loaded, attention=attention, top_k_tokens=top_k_tokens, max_model_len=capacity,
+    llm = LLM(loaded=loaded, attention=attention, top_k_tokens=top_k_tokens, page_score=page_score, max_model_len=capacity,
               kv_cache_tokens=capacity, allow_long_context=True, max_num_batched_tokens=SOURCE_TOKENS)
     engine = llm.engine
     source_ids = _source_ids(loaded)
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-tokens", type=int, default=24)
     parser.add_argument("--top-k-tokens", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--page-score", choices=["center", "quest"], default="center")
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         dense = phase(bar, f"{context_len} dense", measure, loaded, "dense", context_len, args.decode_tokens,
                       args.top_k_tokens)
         sparse = phase(bar, f"{context_len} sparse", measure, loaded, "sparse", context_len, args.decode_tokens,
-                       args.top_k_tokens)
+                       args.top_k_tokens, args.page_score)
         row = {"context_len": context_len, "dense_tokens_per_s": dense, "sparse_tokens_per_s": sparse,
                "sparse_vs_dense": sparse / dense,
                "beyond_trained_context": context_len > loaded.config.max_position_embeddings}
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "model": loaded.config.name or str(loaded.source),
         "settings": {"decode_tokens": args.decode_tokens, "top_k_tokens": args.top_k_tokens, "sink_pages": 1,
-                     "recent_pages": 4, "threads": args.threads, "dtype": "float32", "batch": 1,
+                     "recent_pages": 4, "page_score": args.page_score, "threads": args.threads, "dtype": "float32", "batch": 1,
                      "context_fill": f"pages replicated from a real {SOURCE_TOKENS}-token prefill"},
         "rows": rows,
         "llama_cpp": llama_cpp or {"weights": "the GGUF's own quantization (llama.cpp kernels)", "fill": "real prefill"},

@@ -51,7 +51,8 @@ def attention(batch: int, context_tokens: int, top_k_tokens: int, dev: torch.dev
     req = torch.arange(batch, device=dev, dtype=torch.int32)
     pos = torch.full((batch,), context_tokens - 1, device=dev, dtype=torch.int32)
     scale = HEAD_DIM**-0.5
-    sel_kw = dict(top_k_pages=top_k_tokens // PAGE, sink_pages=1, recent_pages=4, page_size=PAGE)
+    # the decoder's default page score (center: estimated attention mass)
+    sel_kw = dict(top_k_pages=top_k_tokens // PAGE, sink_pages=1, recent_pages=4, page_size=PAGE, score="center")
 
     def select():
         return page_select(q, d_min, d_max, req, pos, check_indices=False, **sel_kw)[0]

@@ -32,6 +32,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         "top_k_tokens": args.top_k_tokens,
         "sink_pages": args.sink_pages,
         "recent_pages": args.recent_pages,
+        "page_score": args.page_score,
         "spec": args.spec,
         "spec_tokens": args.spec_tokens,
         "verify_budget": args.verify_budget,
@@ -149,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k-tokens", type=int, default=2048, help="sparse top-k budget (rounded up to pages)")
     gen.add_argument("--sink-pages", type=int, default=1)
     gen.add_argument("--recent-pages", type=int, default=4)
+    gen.add_argument("--page-score", default="center", choices=["center", "quest"],
+                     help="sparse page ranking: estimated attention mass (center) or the Quest bound")
     gen.add_argument("--spec", default="none", choices=["none", "ngram", "dflash", "dspark"],
                      help="speculative decoding drafter")
     gen.add_argument("--draft-model", default=None,

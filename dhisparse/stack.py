@@ -257,6 +257,8 @@ def parse_options(argv: list[str] | None = None, prog: str = "dhisparse up") -> 
     parser.add_argument("--attention", choices=["dense", "sparse"], help="decoder attention (default: dense)")
     parser.add_argument("--residency", choices=["adaptive", "always-sparse", "always-full"],
                         help="decoder hot-tier policy (default: adaptive with kvtier and sparse attention)")
+    parser.add_argument("--page-score", choices=["center", "quest"],
+                        help="sparse page ranking (default: center, the estimated attention mass)")
     parser.add_argument("--resumable-requests", action="store_true",
                         help="the decoder marks requests resumable in kvtier: a restarted or another decoder "
                              "continues a killed decoder's streams without prefilling them again")
@@ -274,9 +276,9 @@ def parse_options(argv: list[str] | None = None, prog: str = "dhisparse up") -> 
     decoder_args = ["--model", args.model] if args.model else []
     if args.resumable_requests:
         decoder_args.append("--resumable-requests")
-    for flag in ("attention", "residency"):
+    for flag in ("attention", "residency", "page_score"):
         if getattr(args, flag):
-            decoder_args += [f"--{flag}", getattr(args, flag)]
+            decoder_args += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     options = StackOptions(host=args.host, gateway_port=args.port, decoder_port=args.decoder_port,
                            kvtier_port=args.kvtier_port, kvtier=False if args.no_kvtier else None,
                            kvtier_pool_gib=args.kvtier_pool_gib, workdir=args.workdir, api_keys=args.api_key,

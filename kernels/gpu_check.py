@@ -136,14 +136,14 @@ def _unexplained_mismatches(got, want, ref_scores, top_k: int) -> tuple[int, int
     return len(diff_rows), unexplained
 
 
-def check_page_select(ck: Checker, layout: str) -> dict:
+def check_page_select(ck: Checker, layout: str, score: str) -> dict:
     from kernels.page_select import reference, triton as tri
 
     cfg = ck.cfg
     req, pos, batch = ck.tokens(layout)
     q = ck.randn(req.numel(), cfg.num_heads, cfg.head_dim)
     d_min, d_max = _digests(ck, batch)
-    bounds = dict(sink_pages=cfg.sink_pages, recent_pages=cfg.recent_pages, page_size=cfg.page_size)
+    bounds = dict(sink_pages=cfg.sink_pages, recent_pages=cfg.recent_pages, page_size=cfg.page_size, score=score)
     kw = dict(top_k_pages=cfg.top_k_pages, **bounds)
     want = reference.page_select(q, d_min, d_max, req, pos, **kw)
     got = tri.page_select(q, d_min, d_max, req, pos, **kw)
@@ -154,7 +154,7 @@ def check_page_select(ck: Checker, layout: str) -> dict:
     n_diff, n_bad = _unexplained_mismatches(got[0], want[0], ref_scores, cfg.top_k_pages)
     alone = tri.page_scores(q[-1:], d_min, d_max, req[-1:], pos[-1:], **bounds)  # batch invariance
     ok = n_bad == 0 and torch.equal(got[1], want[1]) and torch.equal(alone[0], tri_scores[-1])
-    ck.record("page_select", layout, ok, num_tokens=req.numel(), max_score_diff=score_diff,
+    ck.record("page_select", f"{layout}/{score}", ok, num_tokens=req.numel(), max_score_diff=score_diff,
               tie_flips=n_diff, unexplained=n_bad,
               triton_fn=lambda: tri.page_select(q, d_min, d_max, req, pos, **kw),
               reference_fn=lambda: reference.page_select(q, d_min, d_max, req, pos, **kw))
@@ -325,7 +325,9 @@ def main(argv: list[str] | None = None) -> int:
 
     guarded("page_digest", "all", lambda: check_page_digest(ck))
     for layout in ("decode", "verify"):
-        sel = guarded("page_select", layout, lambda: check_page_select(ck, layout))
+        # the decoder's default score last: its selection feeds the attention and residency checks
+        for score in ("quest", "center"):
+            sel = guarded("page_select", f"{layout}/{score}", lambda: check_page_select(ck, layout, score))
         if sel is None:
             continue
         for dtype in (cfg.dtype, torch.float32):

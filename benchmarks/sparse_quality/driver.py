@@ -13,6 +13,7 @@ class Settings:
     budgets: list[int] = field(default_factory=lambda: [512, 1024, 2048])
     sink_pages: int = 1
     recent_pages: int = 4
+    page_score: str = "center"  # kernels.page_select score: "center" | "quest"
     ppl_windows: list[int] = field(default_factory=lambda: [4096, 8192])
     ppl_documents: int = 4
     ppl_scored_tokens: int = 256
@@ -49,7 +50,7 @@ def make_llm(loaded, settings: Settings, budget: int | None, max_tokens_in_fligh
     kwargs = dict(loaded=loaded, max_num_batched_tokens=settings.max_num_batched_tokens, kv_cache_tokens=kv_tokens)
     if budget is not None:
         kwargs.update(attention="sparse", top_k_tokens=budget, sink_pages=settings.sink_pages,
-                      recent_pages=settings.recent_pages)
+                      recent_pages=settings.recent_pages, page_score=settings.page_score)
     return LLM(**kwargs)
 
 

@@ -153,11 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passkey-contexts", type=int, nargs="+", default=None)
     parser.add_argument("--passkey-depths", type=float, nargs="+", default=None)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--page-score", choices=["center", "quest"], default=None)
     parser.add_argument("--out", default=None, help="output folder (default results/<date>-<machine>/)")
     args = parser.parse_args([a for a in (argv or []) if a != "--"] if argv is not None else None)
     settings = Settings(**(QUICK if args.quick else {}))
     for name in ("budgets", "ppl_windows", "ppl_documents", "ppl_scored_tokens", "greedy_window", "greedy_documents",
-                 "greedy_tokens", "passkey_contexts", "passkey_depths", "threads"):
+                 "greedy_tokens", "passkey_contexts", "passkey_depths", "threads", "page_score"):
         value = getattr(args, name)
         if value is not None:
             setattr(settings, name, value)

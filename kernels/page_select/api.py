@@ -1,4 +1,4 @@
-"""Public entry point of Quest page selection."""
+"""Public entry point of page selection (Quest bound or center-mass scores)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def page_select(
     sink_pages: int,
     recent_pages: int,
     page_size: int = 16,
+    score: str = "quest",
     check_indices: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Select the pages each query token attends to.
@@ -33,8 +34,11 @@ def page_select(
     For a token at position ``pos``: ``cur = pos // page_size``; recent window = pages
     ``[max(0, cur - recent_pages + 1), cur]``; sink = ``[0, min(sink_pages, recent_start))``;
     candidates = ``[sink_end, recent_start)`` (sealed, as they precede the token's own page).
-    Candidate page p scores ``sum_h sum_d max(q[h,d]*min[p,kv(h),d], q[h,d]*max[p,kv(h),d])``
-    with ``kv(h) = h // (num_heads // num_kv_heads)``, accumulated in fp32. The top
+    With ``kv(h) = h // (num_heads // num_kv_heads)``, accumulated in fp32, candidate page p scores
+    ``score="quest"``: ``sum_h sum_d max(q[h,d]*min[p,kv(h),d], q[h,d]*max[p,kv(h),d])``;
+    ``score="center"``: ``sum_h softmax_p(l[h, :])[p]`` over the token's candidates, with the
+    center logit ``l[h,p] = sum_d q[h,d] * (min[p,kv(h),d] + max[p,kv(h),d]) / 2 / sqrt(head_dim)``
+    (an estimate of the attention mass the page gets; see ``reference``). The top
     ``top_k_pages`` candidates are kept (all if fewer); ties go to the lower page index (stable
     descending sort on score). The output is sink ∪ top-k ∪ recent, sorted ascending.
 
@@ -52,6 +56,7 @@ def page_select(
             its recent window must start within the digest table
             (``max(0, pos // page_size - recent_pages + 1) <= max_pages``).
         top_k_pages, sink_pages >= 0; recent_pages >= 1 (the token's own page); page_size >= 1.
+        score: ``"quest"`` or ``"center"``.
         check_indices: check token_req/token_pos ranges (reads them; syncs on CUDA).
 
     Returns:
@@ -66,6 +71,8 @@ def page_select(
     check_positive_int("sink_pages", sink_pages, minimum=0)
     check_positive_int("recent_pages", recent_pages, minimum=1)
     check_positive_int("page_size", page_size, minimum=1)
+    if score not in reference.SCORES:
+        raise ValueError(f"score must be one of {reference.SCORES}; got {score!r}")
     check_tensor("q", q, shape=(None, None, None), shape_doc="[num_tokens, num_heads, head_dim]", dtypes=FLOAT_DTYPES)
     num_tokens, num_heads, head_dim = q.shape
     digest_doc = f"[batch, max_pages, num_kv_heads, head_dim={head_dim}]"
@@ -105,4 +112,4 @@ def page_select(
         impl = triton_impl.page_select
     else:
         impl = reference.page_select
-    return impl(q, digest_min, digest_max, token_req, token_pos, top_k_pages=top_k_pages, **bounds)
+    return impl(q, digest_min, digest_max, token_req, token_pos, top_k_pages=top_k_pages, score=score, **bounds)

@@ -31,6 +31,10 @@ class DecoderConfig(BaseSettings):
     top_k_tokens: int = Field(2048, ge=0, description="sparse top-k budget in tokens, rounded up to pages")
     sink_pages: int = Field(1, ge=0)
     recent_pages: int = Field(4, ge=1, description="recent window in pages, including the unsealed tail")
+    page_score: Literal["center", "quest"] = Field(
+        "center", description="how sparse selection ranks pages: center = estimated attention mass from the key "
+        "box's center (perplexity +0.9% over dense at top-k 2048 on 8K), quest = Quest upper bound (+2.8%)"
+    )
     spec: Literal["none", "ngram", "dflash", "dspark"] = Field("none", description="speculative decoding drafter")
     draft_model: str | None = Field(
         None, description="dflash/dspark checkpoint directory (config.json + model.safetensors); None = the shipped one"

@@ -75,3 +75,41 @@ def test_bad_sparse_settings_are_rejected(loaded_model):
         LLM(loaded=loaded_model, attention="sparse", recent_pages=0)
     with pytest.raises(ValueError, match="attention"):
         LLM(loaded=loaded_model, attention="quest")
+
+
+def test_preempted_sparse_request_recomputes_generated_tokens_with_their_own_selection(loaded_model, prompts):
+    """Generated tokens were computed by sparse decode steps; a recompute after preemption must
+    compute them the same way (not by a dense prefill chunk): the output equals the uninterrupted
+    run, prompt chunks stop at the prompt's end and chunks of generated tokens span at most
+    ``recent_pages`` pages (their candidates all sealed before the step)."""
+    settings = dict(attention="sparse", top_k_tokens=64, sink_pages=1, recent_pages=2, max_num_batched_tokens=512)
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    prompt = prompts[0]
+    reference = LLM(loaded=loaded_model, **settings).generate([prompt], params)[0].token_ids
+    engine = LLM(loaded=loaded_model, **settings).engine
+    rid = engine.add_request(prompt, params)
+    request = engine.requests[rid]
+    while len(request.output_ids) < 45:
+        engine.step()
+    engine.scheduler.preempt(request)  # its slots go; prompt and 45 generated tokens are computed again
+    assert request.num_computed_tokens == 0
+    chunks = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        batch = schedule()
+        chunks.extend((s.request.num_computed_tokens, s.num_new_tokens) for s in batch if s.num_new_tokens > 1)
+        return batch
+
+    engine.scheduler.schedule = recording_schedule
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.pop_finished(rid).output_ids == reference
+    prompt_len = len(prompt)
+    # the prompt densely as at first (chunks of at most 512 tokens), ending exactly at its end
+    assert sum(n for start, n in chunks if start < prompt_len) == prompt_len
+    assert not any(start < prompt_len < start + n for start, n in chunks)
+    generated = [(start, n) for start, n in chunks if start >= prompt_len]
+    assert len(generated) > 1 and sum(n for _, n in generated) == 45  # the last one samples the 46th token
+    assert all((start + n - 1) // 16 - start // 16 < 2 for start, n in generated)  # recent_pages=2
+    assert engine.check_integrity()

@@ -17,8 +17,10 @@ def page_digest(k_pool: torch.Tensor, slot_ids: list[int]) -> tuple[torch.Tensor
     return torch.stack(mins).to(k_pool.dtype), torch.stack(maxs).to(k_pool.dtype)
 
 
-def page_select(q, digest_min, digest_max, token_req, token_pos, *, top_k_pages, sink_pages, recent_pages, page_size):
-    """Per token, per page, per head, per dim: the literal Quest formula, then sort by hand.
+def page_select(q, digest_min, digest_max, token_req, token_pos, *, top_k_pages, sink_pages, recent_pages, page_size,
+                score="quest"):
+    """Per token, per page, per head, per dim: the literal formula (Quest bound, or the center
+    logit's softmax over the candidates summed over heads), then sort by hand.
 
     Returns (list of selected page lists, list of candidate score dicts).
     """
@@ -42,6 +44,16 @@ def page_select(q, digest_min, digest_max, token_req, token_pos, *, top_k_pages,
                 hi = digest_max[req, p, kv].double()
                 total += float(torch.maximum(qh * lo, qh * hi).sum())
             scores[p] = total
+        if score == "center" and scores:
+            scores = dict.fromkeys(scores, 0.0)
+            for h in range(num_heads):
+                kv = h // group
+                logit = {p: float((q[t, h].double() * (digest_min[req, p, kv].double() + digest_max[req, p, kv].double())
+                                   / 2).sum()) / math.sqrt(q.shape[2]) for p in scores}
+                peak = max(logit.values())
+                total = sum(math.exp(v - peak) for v in logit.values())
+                for p in scores:
+                    scores[p] += math.exp(logit[p] - peak) / total
         ranked = sorted(scores, key=lambda p: (-scores[p], p))[:top_k_pages]
         pages = list(range(sink_end)) + sorted(ranked) + list(range(recent_start, cur + 1))
         selections.append(pages)

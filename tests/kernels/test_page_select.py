@@ -10,6 +10,7 @@ from tests.kernels import naive
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOP_KS = [1, 31, 32, 33, 63, 64, 65, 128]
+SCORES = ["quest", "center"]
 
 
 def _inputs(*, num_tokens, num_heads, num_kv_heads, head_dim, batch, max_pages, page_size,
@@ -57,12 +58,13 @@ def test_reference_matches_naive_exactly_on_integer_data():
     _assert_valid_layout(selected, num_selected)
 
 
-def test_reference_matches_naive_on_float_data():
-    cfg = dict(top_k_pages=6, sink_pages=1, recent_pages=2, page_size=8)
+@pytest.mark.parametrize("score", SCORES)
+def test_reference_matches_naive_on_float_data(score):
+    cfg = dict(top_k_pages=6, sink_pages=1, recent_pages=2, page_size=8, score=score)
     q, d_min, d_max, req, pos = _inputs(
-        num_tokens=5, num_heads=4, num_kv_heads=4, head_dim=16, batch=2, max_pages=30, page_size=8, integer=False
+        num_tokens=5, num_heads=4, num_kv_heads=2, head_dim=16, batch=2, max_pages=30, page_size=8, integer=False
     )
-    scores = reference.page_scores(q, d_min, d_max, req, pos, sink_pages=1, recent_pages=2, page_size=8)
+    scores = reference.page_scores(q, d_min, d_max, req, pos, sink_pages=1, recent_pages=2, page_size=8, score=score)
     selected, num_selected = page_select(q, d_min, d_max, req, pos, **cfg)
     want, want_scores = naive.page_select(q, d_min, d_max, req, pos, **cfg)
     for t, row_scores in enumerate(want_scores):
@@ -72,9 +74,10 @@ def test_reference_matches_naive_on_float_data():
     assert _as_lists(selected, num_selected) == want
 
 
+@pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("top_k", TOP_KS)
-def test_triton_matches_reference_top_k_straddling_blocks(top_k):
-    cfg = dict(top_k_pages=top_k, sink_pages=2, recent_pages=3, page_size=4)
+def test_triton_matches_reference_top_k_straddling_blocks(top_k, score):
+    cfg = dict(top_k_pages=top_k, sink_pages=2, recent_pages=3, page_size=4, score=score)
     q, d_min, d_max, req, pos = _inputs(
         num_tokens=3, num_heads=4, num_kv_heads=2, head_dim=16, batch=2, max_pages=150, page_size=4,
         integer=True, seed=top_k,
@@ -84,10 +87,12 @@ def test_triton_matches_reference_top_k_straddling_blocks(top_k):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_scores_match_reference(dtype):
+def test_triton_scores_match_reference(dtype, score):
     # fp32 accumulation in both, different summation order: 1e-5 relative to the score scale
-    bounds = dict(sink_pages=1, recent_pages=2, page_size=16)
+    # (center: logits of order 1 enter exp, so a logit's rounding is the mass's relative error)
+    bounds = dict(sink_pages=1, recent_pages=2, page_size=16, score=score)
     q, d_min, d_max, req, pos = _inputs(
         num_tokens=5, num_heads=6, num_kv_heads=3, head_dim=80, batch=3, max_pages=37, page_size=16,
         integer=False, dtype=dtype, seed=3,
@@ -100,9 +105,10 @@ def test_triton_scores_match_reference(dtype):
     assert torch.allclose(got[finite], want[finite], rtol=0, atol=1e-5 * float(scale))
 
 
+@pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_selection_all_dtypes_integer_data(dtype):
-    cfg = dict(top_k_pages=9, sink_pages=1, recent_pages=2, page_size=16)
+def test_triton_selection_all_dtypes_integer_data(dtype, score):
+    cfg = dict(top_k_pages=9, sink_pages=1, recent_pages=2, page_size=16, score=score)
     q, d_min, d_max, req, pos = _inputs(
         num_tokens=5, num_heads=8, num_kv_heads=2, head_dim=32, batch=2, max_pages=41, page_size=16,
         integer=True, dtype=dtype, seed=5,
@@ -110,13 +116,17 @@ def test_triton_selection_all_dtypes_integer_data(dtype):
     want = reference.page_select(q, d_min, d_max, req, pos, **cfg)
     got = triton_impl.page_select(q, d_min, d_max, req, pos, block_pages=16, **cfg)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    naive_lists, _ = naive.page_select(q.float(), d_min.float(), d_max.float(), req, pos, **cfg)
-    assert _as_lists(*want) == naive_lists
+    if score == "quest":  # integer Quest scores are exact in fp32 and float64 alike; center masses
+        # go through exp, where float64 and fp32 may order two near-equal masses differently
+        # (the float-data test compares center with the naive loops)
+        naive_lists, _ = naive.page_select(q.float(), d_min.float(), d_max.float(), req, pos, **cfg)
+        assert _as_lists(*want) == naive_lists
 
 
+@pytest.mark.parametrize("score", SCORES)
 @pytest.mark.parametrize("impl", ["reference", "triton"])
-def test_garbage_beyond_candidates_is_never_read(impl):
-    cfg = dict(top_k_pages=4, sink_pages=1, recent_pages=2, page_size=4)
+def test_garbage_beyond_candidates_is_never_read(impl, score):
+    cfg = dict(top_k_pages=4, sink_pages=1, recent_pages=2, page_size=4, score=score)
     q, d_min, d_max, _, _ = _inputs(
         num_tokens=2, num_heads=4, num_kv_heads=2, head_dim=16, batch=1, max_pages=20, page_size=4, integer=False
     )
@@ -129,9 +139,10 @@ def test_garbage_beyond_candidates_is_never_read(impl):
     assert torch.equal(clean[0], dirty[0])
 
 
-def test_selection_depends_only_on_own_token():
+@pytest.mark.parametrize("score", SCORES)
+def test_selection_depends_only_on_own_token(score):
     """Decode-alone vs inside a verify block with other tokens: identical selection."""
-    cfg = dict(top_k_pages=7, sink_pages=2, recent_pages=3, page_size=8)
+    cfg = dict(top_k_pages=7, sink_pages=2, recent_pages=3, page_size=8, score=score)
     q, d_min, d_max, req, pos = _inputs(
         num_tokens=9, num_heads=4, num_kv_heads=2, head_dim=32, batch=2, max_pages=60, page_size=8, integer=False
     )
@@ -139,9 +150,28 @@ def test_selection_depends_only_on_own_token():
     for t in range(9):
         alone = page_select(q[t : t + 1], d_min, d_max, req[t : t + 1], pos[t : t + 1], **cfg)
         assert torch.equal(alone[0][0], together[0][t])
-    scores_all = reference.page_scores(q, d_min, d_max, req, pos, sink_pages=2, recent_pages=3, page_size=8)
-    scores_one = reference.page_scores(q[:1], d_min, d_max, req[:1], pos[:1], sink_pages=2, recent_pages=3, page_size=8)
+    bounds = dict(sink_pages=2, recent_pages=3, page_size=8, score=score)
+    scores_all = reference.page_scores(q, d_min, d_max, req, pos, **bounds)
+    scores_one = reference.page_scores(q[:1], d_min, d_max, req[:1], pos[:1], **bounds)
     assert torch.equal(scores_all[0], scores_one[0])  # bitwise: per-token reductions
+
+
+def test_center_scores_are_attention_mass_estimates():
+    """Per head the candidates' softmax sums to 1, so a token's center scores sum to num_heads;
+    a page whose box center aligns with every head's query gets most of the mass."""
+    q, d_min, d_max, req, pos = _inputs(
+        num_tokens=4, num_heads=6, num_kv_heads=3, head_dim=16, batch=2, max_pages=20, page_size=4, integer=False
+    )
+    pos[:] = 79  # candidates: pages 1..17 (sink 1, recent 2)
+    bounds = dict(sink_pages=1, recent_pages=2, page_size=4)
+    scores = reference.page_scores(q, d_min, d_max, req, pos, score="center", **bounds)
+    assert torch.allclose(scores[:, 1:18].sum(1), torch.full((4,), 6.0), atol=1e-5)
+    assert torch.isinf(scores[:, [0, 18, 19]]).all()
+    d_min[req[0], 9] = d_max[req[0], 9] = 8 * q[0].view(3, 2, 16).mean(1)  # page 9: the keys token 0 looks for
+    selected, _ = page_select(q[:1], d_min, d_max, req[:1], pos[:1], top_k_pages=1, score="center", **bounds)
+    assert selected[0].tolist() == [0, 9, 18, 19]
+    with pytest.raises(ValueError, match="score must be one of"):
+        page_select(q, d_min, d_max, req, pos, top_k_pages=1, score="mean", **bounds)
 
 
 def test_short_sequences_and_zero_top_k():

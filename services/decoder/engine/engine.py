@@ -8,11 +8,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import grpc
 import torch
 
 from services.decoder.config import DecoderConfig
 from services.decoder.engine.host_allocator import keep_freed_memory_in_heap
+from services.decoder.engine.host_sync import (
+    lost_requests,
+    swap_in,
+    sync_with_backpressure,
+)
 from services.decoder.engine.model_runner import ModelRunner
 from services.decoder.engine.request import Request, RequestStatus, Residency
 from services.decoder.engine.residency_controller import (
@@ -95,10 +99,12 @@ class Engine:
                                      int(cfg.residency_low_watermark * cfg.num_slots) + 1),
             promote_pages_per_step=cfg.promote_pages_per_step,
         ), self.allocator)
-        self.scheduler = Scheduler(self.controller, cfg.page_size, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.controller, cfg.page_size, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   cfg.recent_pages if cfg.attention == "sparse" else None)
         sparse = None
         if self.config.attention == "sparse":
-            sparse = SparseParams(self.config.top_k_pages, self.config.sink_pages, self.config.recent_pages)
+            sparse = SparseParams(self.config.top_k_pages, self.config.sink_pages, self.config.recent_pages,
+                                  self.config.page_score)
         self.runner = ModelRunner(self.model, self.pool, sparse)
         self.host_tier: HostTier | None = None
         if self.config.kvtier_address:
@@ -239,16 +245,17 @@ class Engine:
         batch = self.scheduler.schedule()
         lost: list[TokenEvent] = []
         if self.host_tier is not None:
-            batch = self._sync_host_tier(batch)
-            if self.host_tier.lost:
-                lost = self._abort_lost()
-                batch = [s for s in batch if not s.request.is_finished]
+            batch = sync_with_backpressure(self.host_tier, self.scheduler, batch)
+            for request in lost_requests(self.host_tier, self.requests):
+                self._finish(request, "abort")
+                lost.append(TokenEvent(request.request_id, None, "", True, "abort"))
+            batch = [s for s in batch if not s.request.is_finished]
         for request, pages in self.controller.promotion_step(running, len(self.scheduler.waiting)):
             self.host_tier.fetch(request.request_id, pages, [request.slots[p] for p in pages])
             self.controller.finish_promotion(request)
         if not batch:
             return lost
-        self._swap_in(batch)
+        swap_in(self.host_tier, batch)
         now = time.perf_counter()
         for sched in batch:
             if sched.request.stats.first_scheduled_s is None:
@@ -296,55 +303,6 @@ class Engine:
                     request.num_host_pages = self.host_tier.num_sealed.get(request.request_id, 0)
                     self.controller.trim(request)  # SPARSE: unpin pages that left the recent window
         return lost + events
-
-    def _abort_lost(self) -> list[TokenEvent]:
-        """Aborts the requests whose kvtier pages went with a lost lease (this decoder was paused
-        past its TTL: kvtier freed them, maybe for another request, or another decoder claimed them)."""
-        lost = [self.requests[r] for r in sorted(self.host_tier.lost) if r in self.requests]
-        self.host_tier.lost.clear()
-        lost = [r for r in lost if not r.is_finished]
-        for request in lost:
-            self._finish(request, "abort")
-        return [TokenEvent(r.request_id, None, "", True, "abort") for r in lost]
-
-    def _sync_host_tier(self, batch: list) -> list:
-        """One kvtier call for the step. Backpressure: while kvtier has too few free host pages
-        (RESOURCE_EXHAUSTED, which changes nothing there), the newest request holding host pages
-        (queued ones first, then the step's) gives them all back and waits to be recomputed; the
-        call is retried with its frees. The oldest requests always progress: one request alone
-        fits (``add_request`` checks). Returns the batch that can run."""
-        while True:
-            try:
-                self.host_tier.sync({s.request.request_id: len(s.request.slots) for s in batch})
-                return batch
-            except KvtierClientError as exc:
-                if exc.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise
-                held = self.host_tier.host_pages
-                queued = [r for r in self.scheduler.waiting if r.request_id in held]
-                if queued:
-                    victim = queued[-1]
-                elif len(batch) > 1:
-                    victim = max((s.request for s in batch), key=self.scheduler.running.index)
-                    self.scheduler.preempt(victim)
-                    batch = [s for s in batch if s.request is not victim]
-                else:
-                    raise
-                self.host_tier.release(victim.request_id)  # its frees ride on the retried call
-                victim.num_host_pages = 0
-                victim.num_computed_tokens = 0
-                victim.pending_fetch = []
-                victim.stats.num_host_waits += 1
-
-    def _swap_in(self, batch) -> None:
-        """Copies written-back pages of re-admitted (preempted) requests into their new slots."""
-        for sched in batch:
-            request = sched.request
-            if request.pending_fetch:
-                pages = request.pending_fetch
-                self.host_tier.fetch(request.request_id, pages, [request.slots[p] for p in pages])
-                request.stats.num_swapped_in_pages += len(pages)
-                request.pending_fetch = []
 
     def _append_token(self, request: Request, token_id: int, events: list[TokenEvent]) -> None:
         request.output_ids.append(token_id)

@@ -85,13 +85,18 @@ class ModelRunner:
         last_pos = sched.request.num_computed_tokens + sched.num_query_tokens - 1
         return last_pos // self.page_size + 1 <= params.sink_pages + params.top_k_pages + params.recent_pages
 
+    def _recomputes_output(self, sched: ScheduledRequest) -> bool:
+        return self.sparse is not None and sched.request.num_computed_tokens >= len(sched.request.prompt_ids)
+
     def build_inputs(self, batch: list[ScheduledRequest]) -> tuple[torch.Tensor, AttentionMetadata, list[ScheduledRequest]]:
         """Returns ``input_ids: [num_tokens]``, the attention metadata, and ``batch`` reordered
         to match the token order: dense decodes, dense verify blocks, page-list (sparse) tokens,
         prefill chunks."""
         singles = [s for s in batch if s.num_query_tokens == 1]
-        blocks = [s for s in batch if s.draft]
-        chunks = [s for s in batch if s.num_new_tokens > 1]
+        # under sparse attention, recomputed generated tokens go where their decode steps went
+        # (``Scheduler._recompute_cap``): a chunk of them is a block, prompt chunks stay dense
+        blocks = [s for s in batch if s.draft or (s.num_new_tokens > 1 and self._recomputes_output(s))]
+        chunks = [s for s in batch if s.num_new_tokens > 1 and not self._recomputes_output(s)]
         selecting: list[ScheduledRequest] = []
         if self.sparse is not None:
             # SPARSE requests always select (their pages are not all hot); FULL ones beyond budget
@@ -156,7 +161,10 @@ class ModelRunner:
         for row, sched in enumerate(scheds):
             request = sched.request
             tables[row, : len(request.slots)] = torch.tensor(request.slots, dtype=torch.int64)
-            digest_rows[row, : len(request.digest_rows)] = torch.tensor(request.digest_rows, dtype=torch.int64)
+            # a preempted request keeps its digest rows while it computes its pages again: only
+            # the pages it holds slots for now are rows of this step (later ones are not candidates)
+            rows = request.digest_rows[:max_pages]
+            digest_rows[row, : len(rows)] = torch.tensor(rows, dtype=torch.int64)
             if request.mode is Residency.SPARSE:
                 sparse_rows.append(row)
             start = request.num_computed_tokens

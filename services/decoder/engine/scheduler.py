@@ -36,9 +36,11 @@ class ScheduledRequest:
 
 class Scheduler:
     def __init__(self, controller: ResidencyController, page_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, sparse_recent_pages: int | None = None):
+        """``sparse_recent_pages``: the recent window under sparse attention (None: dense)."""
         self.controller = controller
         self.page_size = page_size
+        self.sparse_recent_pages = sparse_recent_pages
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
@@ -79,13 +81,28 @@ class Scheduler:
             self.waiting.remove(request)
         self.release(request)
 
+    def _recompute_cap(self, request: Request, num_new: int) -> int:
+        """Under sparse attention a recompute (after preemption, or of a resumed request's tail)
+        computes each token as it was computed first: prompt tokens densely in prefill chunks,
+        generated tokens with their own page selection (``ModelRunner`` sends a chunk of generated
+        tokens down the selecting path). So a chunk stops at the prompt's end, and a chunk of
+        generated tokens spans at most ``recent_pages`` pages: every token's candidates are then
+        pages sealed before the step (they have digests), as they were in its decode step."""
+        if self.sparse_recent_pages is None or num_new <= 1:
+            return num_new
+        start, prompt_len = request.num_computed_tokens, len(request.prompt_ids)
+        if start < prompt_len:
+            return min(num_new, prompt_len - start)
+        window_end = (start // self.page_size + self.sparse_recent_pages) * self.page_size
+        return min(num_new, window_end - start)
+
     def schedule(self) -> list[ScheduledRequest]:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_pending_tokens, budget)
+            num_new = self._recompute_cap(request, min(request.num_pending_tokens, budget))
             if num_new > 1 and request.mode is Residency.SPARSE:
                 # a SPARSE prefill chunk takes the slots there are rather than preempting anyone
                 num_new = max(1, min(num_new, self.controller.chunk_room(request)))
@@ -104,7 +121,7 @@ class Scheduler:
             index += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            num_new = min(request.num_pending_tokens, budget)
+            num_new = self._recompute_cap(request, min(request.num_pending_tokens, budget))
             admitted = self.controller.admit(request, num_new)
             # load beyond the hot pool: demote FULL requests (adaptive) until the head of the queue fits
             while not admitted and self.controller.demote_one(self.running):

@@ -46,6 +46,7 @@ class SparseParams:
     top_k_pages: int
     sink_pages: int
     recent_pages: int  # >= 1: the token's own (unsealed) page is always in the window
+    page_score: str = "center"  # kernels.page_select score: "center" | "quest"
 
 
 @dataclass
@@ -218,6 +219,7 @@ class PagedAttention:
         selected, num_selected = page_select(
             list_q, digest_min, digest_max, tokens.token_req, tokens.token_pos,
             top_k_pages=params.top_k_pages, sink_pages=params.sink_pages, recent_pages=params.recent_pages,
+            score=params.page_score,
             page_size=page_size, check_indices=False,
         )  # selected: [num_sparse_tokens, sink + top_k + recent] logical pages, -1 padded
         selected = selected[:, : int(num_selected.max())]  # drop all-padding columns

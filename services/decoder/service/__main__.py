@@ -26,6 +26,7 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
     parser.add_argument("--top-k-tokens", type=int, help="sparse top-k budget in tokens")
     parser.add_argument("--sink-pages", type=int)
     parser.add_argument("--recent-pages", type=int)
+    parser.add_argument("--page-score", choices=["center", "quest"], help="sparse page ranking (default center)")
     parser.add_argument("--residency", choices=["adaptive", "always-sparse", "always-full"],
                         help="hot-tier policy (default: adaptive with kvtier and sparse attention)")
     parser.add_argument("--sparse-buffer-pages", type=int, help="LRU buffer slots per SPARSE request")
