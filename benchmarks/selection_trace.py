@@ -141,7 +141,7 @@ def run_one(loaded, kvtier: Kvtier, prompts: list[list[int]], spec: str, args) -
     requests = [engine.pop_finished(i) for i in ids]
     stats = [r.stats.as_dict(len(r.output_ids)) for r in requests]
     engine.check_integrity()
-    buffer_pages = engine.config.buffer_pages
+    buffer_pages, page_score = engine.config.buffer_pages, engine.config.page_score
     engine.close()
     max_pages = -(-(args.prompt_tokens + args.max_tokens + 32) // 16)
     counted_hits = sum(s["num_buffer_hits"] for s in stats)
@@ -149,7 +149,8 @@ def run_one(loaded, kvtier: Kvtier, prompts: list[list[int]], spec: str, args) -
     replayed = [replay_hits(recorder.steps[i], buffer_pages, max_pages) for i in ids] if spec == "none" else []
     verify_steps = sum(s["num_verify_steps"] for s in stats)
     return {
-        "spec": spec, "spec_tokens": spec_tokens if spec != "none" else 0, "wall_s": round(wall_s, 2),
+        "spec": spec, "spec_tokens": spec_tokens if spec != "none" else 0, "page_score": page_score,
+        "wall_s": round(wall_s, 2),
         "decode_steps_recorded": sum(len(recorder.steps[i]) for i in ids),
         "mean_working_set_pages": round(recorder.mean_working_set(), 2),
         "max_working_set_pages": recorder.max_working_set(),
