@@ -151,7 +151,8 @@ def _gpu_kernels(d: dict) -> Iterator[Row]:
 
 SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "decode": ("decode.json", _decode),
-    "context_sweep": ("context_sweep.json", _context_sweep),
+    "context_sweep, Quest page score": ("context_sweep.json", _context_sweep),
+    "context_sweep, center page score": ("context_sweep-center/context_sweep.json", _context_sweep),
     "sparse_quality": ("sparse_quality.json", _sparse_quality),
     "spec": ("spec.json", _spec),
     "verify budget": ("verify_budget/spec.json", _spec),
