@@ -26,6 +26,34 @@ from kernels.page_select import reference
 
 
 @triton.jit
+def _candidate_block(req_ptr, pos_ptr, tok, block_start, page_size, sink_pages, recent_pages, BLOCK_P: tl.constexpr):
+    """Token ``tok``'s request row, its candidate range ``[sink_end, recent_start)``, this
+    program's pages ``offs_p: [BLOCK_P]`` and which of them are candidates."""
+    req = tl.load(req_ptr + tok).to(tl.int64)
+    cur = tl.load(pos_ptr + tok).to(tl.int64) // page_size
+    recent_start = tl.maximum(cur - recent_pages + 1, 0)
+    sink_end = tl.minimum(recent_start, sink_pages)
+    offs_p = block_start + tl.arange(0, BLOCK_P)  # [BLOCK_P] logical pages
+    cand = (offs_p >= sink_end) & (offs_p < recent_start)
+    return req, sink_end, recent_start, offs_p, cand
+
+
+@triton.jit
+def _digest_tiles(min_ptr, max_ptr, req, offs_p, kv, offs_d, mask,
+                  stride_nb, stride_np, stride_nh, stride_nd, stride_xb, stride_xp, stride_xh, stride_xd):
+    """fp32 min and max digest tiles ``[BLOCK_P, BLOCK_D]`` of kv head ``kv``; masked lanes 0."""
+    d_min = tl.load(
+        min_ptr + req * stride_nb + offs_p[:, None].to(tl.int64) * stride_np + kv * stride_nh + offs_d[None, :] * stride_nd,
+        mask=mask, other=0.0,
+    ).to(tl.float32)
+    d_max = tl.load(
+        max_ptr + req * stride_xb + offs_p[:, None].to(tl.int64) * stride_xp + kv * stride_xh + offs_d[None, :] * stride_xd,
+        mask=mask, other=0.0,
+    ).to(tl.float32)
+    return d_min, d_max
+
+
+@triton.jit
 def _page_score_kernel(
     q_ptr, min_ptr, max_ptr, req_ptr, pos_ptr, score_ptr,
     max_pages, num_kv_heads, head_dim, group, page_size, sink_pages, recent_pages,
@@ -37,12 +65,8 @@ def _page_score_kernel(
 ):
     tok = tl.program_id(0)
     block_start = tl.program_id(1) * BLOCK_P
-    req = tl.load(req_ptr + tok).to(tl.int64)
-    cur = tl.load(pos_ptr + tok).to(tl.int64) // page_size
-    recent_start = tl.maximum(cur - recent_pages + 1, 0)
-    sink_end = tl.minimum(recent_start, sink_pages)
-    offs_p = block_start + tl.arange(0, BLOCK_P)  # [BLOCK_P] logical pages
-    cand = (offs_p >= sink_end) & (offs_p < recent_start)
+    req, sink_end, recent_start, offs_p, cand = _candidate_block(
+        req_ptr, pos_ptr, tok, block_start, page_size, sink_pages, recent_pages, BLOCK_P)
     acc = tl.zeros((BLOCK_P,), dtype=tl.float32)
     if (block_start < recent_start) & (block_start + BLOCK_P > sink_end):
         offs_g = tl.arange(0, BLOCK_G)
@@ -58,16 +82,9 @@ def _page_score_kernel(
                 q_pos = tl.sum(tl.maximum(q_tile, 0.0), axis=0)  # [BLOCK_D]
                 q_neg = tl.sum(tl.minimum(q_tile, 0.0), axis=0)
                 mask = cand[:, None] & mask_d[None, :]
-                d_min = tl.load(
-                    min_ptr + req * stride_nb + offs_p[:, None].to(tl.int64) * stride_np
-                    + kv * stride_nh + offs_d[None, :] * stride_nd,
-                    mask=mask, other=0.0,
-                ).to(tl.float32)  # [BLOCK_P, BLOCK_D]
-                d_max = tl.load(
-                    max_ptr + req * stride_xb + offs_p[:, None].to(tl.int64) * stride_xp
-                    + kv * stride_xh + offs_d[None, :] * stride_xd,
-                    mask=mask, other=0.0,
-                ).to(tl.float32)
+                d_min, d_max = _digest_tiles(min_ptr, max_ptr, req, offs_p, kv, offs_d, mask,
+                                             stride_nb, stride_np, stride_nh, stride_nd,
+                                             stride_xb, stride_xp, stride_xh, stride_xd)  # [BLOCK_P, BLOCK_D]
                 acc += tl.sum(d_max * q_pos[None, :] + d_min * q_neg[None, :], axis=1)
     out = tl.where(cand, acc, float("-inf"))
     tl.store(score_ptr + tok * stride_st + offs_p, out, mask=offs_p < max_pages)
@@ -85,12 +102,8 @@ def _center_logit_kernel(
 ):
     tok = tl.program_id(0)
     block_start = tl.program_id(1) * BLOCK_P
-    req = tl.load(req_ptr + tok).to(tl.int64)
-    cur = tl.load(pos_ptr + tok).to(tl.int64) // page_size
-    recent_start = tl.maximum(cur - recent_pages + 1, 0)
-    sink_end = tl.minimum(recent_start, sink_pages)
-    offs_p = block_start + tl.arange(0, BLOCK_P)  # [BLOCK_P] logical pages
-    cand = (offs_p >= sink_end) & (offs_p < recent_start)
+    req, sink_end, recent_start, offs_p, cand = _candidate_block(
+        req_ptr, pos_ptr, tok, block_start, page_size, sink_pages, recent_pages, BLOCK_P)
     offs_g = tl.arange(0, BLOCK_G)
     for kv in range(0, num_kv_heads):
         heads = kv * group + offs_g
@@ -104,16 +117,9 @@ def _center_logit_kernel(
                     mask=(offs_g[:, None] < group) & mask_d[None, :], other=0.0,
                 ).to(tl.float32)  # [BLOCK_G, BLOCK_D]
                 mask = cand[:, None] & mask_d[None, :]
-                d_min = tl.load(
-                    min_ptr + req * stride_nb + offs_p[:, None].to(tl.int64) * stride_np
-                    + kv * stride_nh + offs_d[None, :] * stride_nd,
-                    mask=mask, other=0.0,
-                ).to(tl.float32)  # [BLOCK_P, BLOCK_D]
-                d_max = tl.load(
-                    max_ptr + req * stride_xb + offs_p[:, None].to(tl.int64) * stride_xp
-                    + kv * stride_xh + offs_d[None, :] * stride_xd,
-                    mask=mask, other=0.0,
-                ).to(tl.float32)
+                d_min, d_max = _digest_tiles(min_ptr, max_ptr, req, offs_p, kv, offs_d, mask,
+                                             stride_nb, stride_np, stride_nh, stride_nd,
+                                             stride_xb, stride_xp, stride_xh, stride_xd)  # [BLOCK_P, BLOCK_D]
                 center_sum = d_max + d_min  # 2 x the box center
                 acc += tl.sum(q_tile[:, None, :] * center_sum[None, :, :], axis=2)  # [BLOCK_G, BLOCK_P]
         out = tl.where(cand[None, :], acc * half_scale, float("-inf"))

@@ -55,8 +55,9 @@ class SparseStep:
 
     def _working_pages(self, selected: torch.Tensor, token_req: torch.Tensor,
                        table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``working_pages`` plus, per token, its request's index b (-1: not SPARSE) ``[T]`` and
-        how many unpinned pages it selected ``[T]``."""
+        """``working_pages`` plus the step's selection mask of unpinned SPARSE pages ``need: [T, S]``
+        and each table row's SPARSE request index ``b_of_row: [R]`` (-1: not SPARSE), for the
+        observer (computed only when one is set)."""
         num_rows, max_pages = table.shape
         b_of_row = torch.full((num_rows,), -1, dtype=torch.int64)
         b_of_row[self.rows] = torch.arange(len(self.buffers))
@@ -69,7 +70,7 @@ class SparseStep:
         width = max(int(marks.sum(1).max()) if marks.numel() else 0, 1)
         ids = torch.where(marks, torch.arange(max_pages), max_pages)
         ws = torch.sort(ids, dim=1).values[:, :width]
-        return torch.where(ws < max_pages, ws, -1), b_of_row[token_req], need.sum(1)
+        return torch.where(ws < max_pages, ws, -1), need, b_of_row
 
     def layer_table(self, layer: int, selected: torch.Tensor, token_req: torch.Tensor,
                     table: torch.Tensor) -> torch.Tensor:
@@ -77,8 +78,9 @@ class SparseStep:
         slot of every page hot in this layer (pinned or buffered). Copies misses host -> hot.
         Mutates: the buffers' state of this layer, this layer's hot pool slots of the buffers."""
         max_pages = table.shape[1]
-        ws, token_b, token_pages = self._working_pages(selected, token_req, table)
+        ws, need, b_of_row = self._working_pages(selected, token_req, table)
         if self.observer is not None:
+            token_b, token_pages = b_of_row[token_req], need.sum(1)
             for b, owner in enumerate(self.owners):
                 self.observer(owner, layer, ws[b][ws[b] >= 0], token_pages[token_b == b])
         capacity = max(buf.capacity for buf in self.buffers)
