@@ -2,16 +2,17 @@
 
 Split into pieces that the Triton path reuses except for the per-page arithmetic:
 ``candidate_bounds`` (where sink, candidates and recent window lie), ``page_scores`` (the score
-of every candidate page; the Triton path has its own kernels for the Quest bound and the center
-logits), ``center_mass`` (center logits -> estimated attention mass) and ``select_from_scores``
-(deterministic top-k and assembly of the sorted union).
+of every candidate page: ``quest_scores`` / ``center_scores``; the Triton path has its own
+kernels for the Quest bound and the center logits, and ``center_mass`` for their softmax) and
+``select_from_scores`` (deterministic top-k and assembly of the sorted union).
 
 Two scores (``score=``):
 - ``"quest"``: the Quest upper bound of ``q . k`` over the page's key bounding box, summed over
   all heads.
 - ``"center"``: the estimated attention mass of the page: per query head, the logit of the
   bounding box's center ``(min + max) / 2`` scaled by ``1 / sqrt(head_dim)``, a softmax over the
-  token's candidate pages, summed over heads. On SmolLM2-135M (8K stdlib documents, top-k 2048
+  token's candidate pages, summed over heads. It reads only the box centers (a center digest
+  the decoder keeps at seal time, or ``box_center(min, max)``). On SmolLM2-135M (8K stdlib documents, top-k 2048
   tokens) perplexity rises 0.89% over dense with it, 2.80% with ``quest``
   (``benchmarks/sparse_quality``): the bound is loose and unnormalized sums let a few heads
   with large logits choose for all.
@@ -42,17 +43,69 @@ def candidate_bounds(
     return sink_end, recent_start, cur
 
 
+def box_center(digest_min: torch.Tensor, digest_max: torch.Tensor) -> torch.Tensor:
+    """``(min + max) / 2`` in fp32: the center digest the ``"center"`` score reads (any shape)."""
+    return (digest_min.float() + digest_max.float()) / 2
+
+
 def center_mass(logits: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
     """``logits: [T, P, H]`` scaled center logits, ``cand: [T, P]`` candidate mask -> ``[T, P]``
     fp32: per head a softmax over the candidates, summed over heads; -inf off the candidates.
-    Row-wise ops only: a token's scores never depend on the other rows (a row without candidates
-    gives NaN in the softmax, which the final mask replaces)."""
+    (The Triton path's torch epilogue; the CPU path computes the same per token in
+    ``center_scores``.) A row without candidates gives NaN in the softmax, which the mask replaces."""
     masked = logits.masked_fill(~cand[:, :, None], float("-inf")).transpose(1, 2)  # [T, H, P]
     mass = torch.softmax(masked, dim=2).sum(1)
     return torch.where(cand, mass, float("-inf"))
 
 
-def page_scores(
+def center_scores(
+    q: torch.Tensor,
+    digest_center: torch.Tensor,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    *,
+    sink_pages: int,
+    recent_pages: int,
+    page_size: int,
+) -> torch.Tensor:
+    """Estimated attention mass of every candidate page; -inf elsewhere.
+
+    q: [num_tokens, num_heads, head_dim]; digest_center: [batch, max_pages, num_kv_heads,
+    head_dim] box centers ``(min + max) / 2``; token_req, token_pos: [num_tokens]. Returns
+    [num_tokens, max_pages] fp32.
+
+    One GEMM per token over exactly its own candidate rows: ``[num_heads, KVH*D]`` (the token's
+    block-diagonal query, row h holding ``q[h] / sqrt(D)`` in kv(h)'s columns) times the
+    candidates' centers ``[KVH*D, num_candidates]``, then a softmax per head over that row and a
+    sum over heads. Every shape and operand layout depends only on the token itself, so its scores
+    are bitwise the same whatever else is in the batch (what keeps speculative verification
+    lossless); the view of the digests is read in place, never gathered or widened.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    batch, max_pages, num_kv_heads, _ = digest_center.shape
+    group = num_heads // num_kv_heads
+    sink_end, recent_start, _ = candidate_bounds(
+        token_pos, sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size
+    )
+    scores = torch.full((num_tokens, max_pages), float("-inf"), dtype=torch.float32, device=q.device)
+    if num_tokens == 0:
+        return scores
+    q_block = q.new_zeros((num_tokens, num_kv_heads, group, num_kv_heads, head_dim), dtype=torch.float32)
+    kv = torch.arange(num_kv_heads, device=q.device)
+    # advanced indices around a slice move to the front: the target is [KVH, T, G, D]
+    q_block[:, kv, :, kv, :] = (q.float() / math.sqrt(head_dim)).view(
+        num_tokens, num_kv_heads, group, head_dim).transpose(0, 1)
+    q_block = q_block.view(num_tokens, num_heads, num_kv_heads * head_dim)
+    centers = digest_center.reshape(batch, max_pages, num_kv_heads * head_dim)
+    rows = zip(token_req.tolist(), sink_end.tolist(), recent_start.tolist())
+    for t, (req, first, end) in enumerate(rows):
+        if end > first:
+            logits = torch.mm(q_block[t], centers[req, first:end].float().t())  # [num_heads, n]
+            scores[t, first:end] = torch.softmax(logits, dim=1).sum(0)
+    return scores
+
+
+def quest_scores(
     q: torch.Tensor,
     digest_min: torch.Tensor,
     digest_max: torch.Tensor,
@@ -62,10 +115,8 @@ def page_scores(
     sink_pages: int,
     recent_pages: int,
     page_size: int,
-    score: str = "quest",
 ) -> torch.Tensor:
-    """Score (``"quest"`` or ``"center"``, see the module docstring) of every candidate page;
-    -inf elsewhere.
+    """Quest bound of every candidate page; -inf elsewhere.
 
     q: [num_tokens, num_heads, head_dim]; digest_min/max: [batch, max_pages, num_kv_heads,
     head_dim]; token_req, token_pos: [num_tokens]. Returns [num_tokens, max_pages] fp32.
@@ -90,14 +141,9 @@ def page_scores(
     q_f32 = q.float().view(num_tokens, num_kv_heads, group, head_dim)
     q_pos = q_f32.clamp(min=0).sum(2).view(num_tokens, 1, num_kv_heads * head_dim)
     q_neg = q_f32.clamp(max=0).sum(2).view(num_tokens, 1, num_kv_heads * head_dim)
-    q_center = q_f32[:, None]  # [T, 1, KVH, G, D]
-    half_scale = 0.5 / math.sqrt(head_dim)  # (min + max) / 2, scaled by 1 / sqrt(head_dim)
     page_ids = torch.arange(used_pages, device=q.device)  # [used_pages]
-    # gathered min+max in the digest dtype plus their fp32 copies (and the center products)
-    bytes_per_token = used_pages * num_kv_heads * head_dim * 2 * (4 + digest_min.element_size())
-    if score == "center":
-        bytes_per_token += used_pages * num_heads * head_dim * 4
-    chunk = rows_per_chunk(bytes_per_token)
+    # gathered min+max in the digest dtype plus their fp32 copies
+    chunk = rows_per_chunk(used_pages * num_kv_heads * head_dim * 2 * (4 + digest_min.element_size()))
     for start in range(0, num_tokens, chunk):
         rows = slice(start, start + chunk)
         req = token_req[rows].long()
@@ -113,15 +159,33 @@ def page_scores(
         # batch (a BLAS mat-vec would block differently by batch size and could flip near-ties);
         # out of place, since d_max / d_min may be views of the caller's digests
         cand = (page_ids >= sink_end[rows, None]) & (page_ids < recent_start[rows, None])
-        if score == "center":
-            shape = (req.numel(), used_pages, num_kv_heads, 1, head_dim)
-            center_sum = (d_max + d_min).view(shape)  # 2 x the box center
-            logits = (center_sum * q_center[rows]).sum(-1).flatten(2) * half_scale  # [c, used_pages, num_heads]
-            scores[rows, :used_pages] = center_mass(logits, cand)
-            continue
         bound = torch.addcmul(d_max * q_pos[rows], d_min, q_neg[rows]).sum(-1)  # [c, used_pages]
         scores[rows, :used_pages] = torch.where(cand, bound, float("-inf"))
     return scores
+
+
+def page_scores(
+    q: torch.Tensor,
+    digest_min: torch.Tensor | None,
+    digest_max: torch.Tensor | None,
+    token_req: torch.Tensor,
+    token_pos: torch.Tensor,
+    *,
+    sink_pages: int,
+    recent_pages: int,
+    page_size: int,
+    score: str = "quest",
+    digest_center: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Score (``"quest"`` or ``"center"``, see the module docstring) of every candidate page;
+    -inf elsewhere: [num_tokens, max_pages] fp32. ``"center"`` reads ``digest_center``, or the
+    box centers of ``digest_min/max`` when it is None."""
+    bounds = dict(sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size)
+    if score == "center":
+        if digest_center is None:
+            digest_center = box_center(digest_min, digest_max)
+        return center_scores(q, digest_center, token_req, token_pos, **bounds)
+    return quest_scores(q, digest_min, digest_max, token_req, token_pos, **bounds)
 
 
 def _top_k_lower_page_on_ties(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -185,8 +249,8 @@ def select_from_scores(
 
 def page_select(
     q: torch.Tensor,
-    digest_min: torch.Tensor,
-    digest_max: torch.Tensor,
+    digest_min: torch.Tensor | None,
+    digest_max: torch.Tensor | None,
     token_req: torch.Tensor,
     token_pos: torch.Tensor,
     *,
@@ -195,8 +259,11 @@ def page_select(
     recent_pages: int,
     page_size: int,
     score: str = "quest",
+    digest_center: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference selection; contract in ``kernels.page_select.api.page_select``."""
     bounds = dict(sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size)
-    scores = page_scores(q, digest_min, digest_max, token_req, token_pos, score=score, **bounds)
+    scores = page_scores(
+        q, digest_min, digest_max, token_req, token_pos, score=score, digest_center=digest_center, **bounds
+    )
     return select_from_scores(scores, token_pos, top_k_pages=top_k_pages, **bounds)

@@ -5,9 +5,10 @@ Split:
    ``BLOCK_P`` pages), writes the Quest bound of each candidate page into ``scores [num_tokens,
    max_pages]`` fp32 and -inf elsewhere. Blocks with no candidate skip all loads; candidate masks
    keep garbage digest rows beyond the token's recent window from ever being loaded.
-   ``score="center"``: ``_center_logit_kernel`` (same grid and masking) writes every head's
-   scaled center logit ``[num_tokens, max_pages, num_heads]``; ``reference.center_mass`` (torch)
-   turns them into the estimated attention mass per page.
+   ``score="center"``: ``_center_logit_kernel`` (same grid and masking) reads the box centers
+   (``reference.box_center`` of min/max unless given) and writes every head's scaled center
+   logit ``[num_tokens, max_pages, num_heads]``; ``reference.center_mass`` (torch) turns them
+   into the estimated attention mass per page.
 2. ``reference.select_from_scores`` (torch, on the scores' device): stable descending sort, so
    ties go to the lower page index exactly as in the reference, then the sorted union.
 Scores of the kernel and the reference agree to fp32 rounding (different summation order); with
@@ -92,11 +93,10 @@ def _page_score_kernel(
 
 @triton.jit
 def _center_logit_kernel(
-    q_ptr, min_ptr, max_ptr, req_ptr, pos_ptr, logit_ptr,
-    max_pages, num_kv_heads, head_dim, group, page_size, sink_pages, recent_pages, half_scale,
+    q_ptr, center_ptr, req_ptr, pos_ptr, logit_ptr,
+    max_pages, num_kv_heads, head_dim, group, page_size, sink_pages, recent_pages, scale,
     stride_qt, stride_qh, stride_qd,
-    stride_nb, stride_np, stride_nh, stride_nd,
-    stride_xb, stride_xp, stride_xh, stride_xd,
+    stride_cb, stride_cp, stride_ch, stride_cd,
     stride_lt, stride_lp, stride_lh,
     BLOCK_P: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -116,13 +116,13 @@ def _center_logit_kernel(
                     q_ptr + tok * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                     mask=(offs_g[:, None] < group) & mask_d[None, :], other=0.0,
                 ).to(tl.float32)  # [BLOCK_G, BLOCK_D]
-                mask = cand[:, None] & mask_d[None, :]
-                d_min, d_max = _digest_tiles(min_ptr, max_ptr, req, offs_p, kv, offs_d, mask,
-                                             stride_nb, stride_np, stride_nh, stride_nd,
-                                             stride_xb, stride_xp, stride_xh, stride_xd)  # [BLOCK_P, BLOCK_D]
-                center_sum = d_max + d_min  # 2 x the box center
-                acc += tl.sum(q_tile[:, None, :] * center_sum[None, :, :], axis=2)  # [BLOCK_G, BLOCK_P]
-        out = tl.where(cand[None, :], acc * half_scale, float("-inf"))
+                center = tl.load(
+                    center_ptr + req * stride_cb + offs_p[:, None].to(tl.int64) * stride_cp + kv * stride_ch
+                    + offs_d[None, :] * stride_cd,
+                    mask=cand[:, None] & mask_d[None, :], other=0.0,
+                ).to(tl.float32)  # [BLOCK_P, BLOCK_D] box centers
+                acc += tl.sum(q_tile[:, None, :] * center[None, :, :], axis=2)  # [BLOCK_G, BLOCK_P]
+        out = tl.where(cand[None, :], acc * scale, float("-inf"))
         tl.store(
             logit_ptr + tok * stride_lt + offs_p[None, :].to(tl.int64) * stride_lp + heads[:, None] * stride_lh,
             out, mask=(offs_g[:, None] < group) & (offs_p[None, :] < max_pages),
@@ -131,8 +131,8 @@ def _center_logit_kernel(
 
 def page_scores(
     q: torch.Tensor,
-    digest_min: torch.Tensor,
-    digest_max: torch.Tensor,
+    digest_min: torch.Tensor | None,
+    digest_max: torch.Tensor | None,
     token_req: torch.Tensor,
     token_pos: torch.Tensor,
     *,
@@ -140,11 +140,14 @@ def page_scores(
     recent_pages: int,
     page_size: int,
     score: str = "quest",
+    digest_center: torch.Tensor | None = None,
     block_pages: int = 64,
 ) -> torch.Tensor:
     """Triton scores, same contract as ``reference.page_scores``: [num_tokens, max_pages] fp32."""
+    if score == "center" and digest_center is None:
+        digest_center = reference.box_center(digest_min, digest_max)
     num_tokens, num_heads, head_dim = q.shape
-    _, max_pages, num_kv_heads, _ = digest_min.shape
+    _, max_pages, num_kv_heads, _ = (digest_center if score == "center" else digest_min).shape
     group = num_heads // num_kv_heads
     scores = torch.empty((num_tokens, max_pages), dtype=torch.float32, device=q.device)
     if num_tokens == 0 or max_pages == 0:
@@ -153,9 +156,9 @@ def page_scores(
     if score == "center":
         logits = torch.empty((num_tokens, max_pages, num_heads), dtype=torch.float32, device=q.device)
         _center_logit_kernel[grid](
-            q, digest_min, digest_max, token_req.contiguous(), token_pos.contiguous(), logits,
-            max_pages, num_kv_heads, head_dim, group, page_size, sink_pages, recent_pages, 0.5 / math.sqrt(head_dim),
-            *q.stride(), *digest_min.stride(), *digest_max.stride(), *logits.stride(),
+            q, digest_center, token_req.contiguous(), token_pos.contiguous(), logits,
+            max_pages, num_kv_heads, head_dim, group, page_size, sink_pages, recent_pages, 1 / math.sqrt(head_dim),
+            *q.stride(), *digest_center.stride(), *logits.stride(),
             BLOCK_P=block_pages,
             BLOCK_G=triton.next_power_of_2(group),
             BLOCK_D=min(64, triton.next_power_of_2(head_dim)),
@@ -178,8 +181,8 @@ def page_scores(
 
 def page_select(
     q: torch.Tensor,
-    digest_min: torch.Tensor,
-    digest_max: torch.Tensor,
+    digest_min: torch.Tensor | None,
+    digest_max: torch.Tensor | None,
     token_req: torch.Tensor,
     token_pos: torch.Tensor,
     *,
@@ -188,11 +191,13 @@ def page_select(
     recent_pages: int,
     page_size: int,
     score: str = "quest",
+    digest_center: torch.Tensor | None = None,
     block_pages: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton-scored selection; contract in ``kernels.page_select.api.page_select``."""
     bounds = dict(sink_pages=sink_pages, recent_pages=recent_pages, page_size=page_size)
     scores = page_scores(
-        q, digest_min, digest_max, token_req, token_pos, score=score, block_pages=block_pages, **bounds
+        q, digest_min, digest_max, token_req, token_pos, score=score, digest_center=digest_center,
+        block_pages=block_pages, **bounds
     )
     return reference.select_from_scores(scores, token_pos, top_k_pages=top_k_pages, **bounds)

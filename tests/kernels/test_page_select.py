@@ -211,3 +211,48 @@ def test_validation_messages():
         page_select(q, d, d, req, pos, **{**cfg, "recent_pages": 0})
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         page_select(q, d, d.to("meta"), req, pos, **cfg)
+    with pytest.raises(ValueError, match=r"score='quest' needs digest_min and digest_max; got \['digest_center'\]"):
+        page_select(q, None, None, req, pos, digest_center=d, **cfg)
+    with pytest.raises(ValueError, match="needs digest_min and digest_max, or digest_center alone"):
+        page_select(q, d, d, req, pos, digest_center=d, score="center", **cfg)
+    with pytest.raises(ValueError, match=r"digest_center must have shape \[batch, max_pages, num_kv_heads, head_dim=16\]"):
+        page_select(q, None, None, req, pos, digest_center=d[:, :, :, :8], score="center", **cfg)
+
+
+@pytest.mark.parametrize("impl", ["reference", "triton"])
+def test_center_digest_gives_the_scores_of_min_and_max(impl):
+    """The decoder passes stored box centers; min/max callers get the same scores and pages."""
+    cfg = dict(top_k_pages=5, sink_pages=1, recent_pages=2, page_size=8, score="center")
+    q, d_min, d_max, req, pos = _inputs(
+        num_tokens=6, num_heads=6, num_kv_heads=2, head_dim=24, batch=3, max_pages=33, page_size=8, integer=False
+    )
+    center = (d_min + d_max) / 2
+    bounds = {k: v for k, v in cfg.items() if k != "top_k_pages"}
+    scores_fn = reference.page_scores if impl == "reference" else triton_impl.page_scores
+    from_pair = scores_fn(q, d_min, d_max, req, pos, **bounds)
+    from_center = scores_fn(q, None, None, req, pos, digest_center=center, **bounds)
+    assert torch.equal(from_pair, from_center)  # box_center is the same fp32 expression
+    select_fn = reference.page_select if impl == "reference" else triton_impl.page_select
+    assert torch.equal(select_fn(q, None, None, req, pos, digest_center=center, **cfg)[0],
+                       page_select(q, d_min, d_max, req, pos, **cfg)[0])
+
+
+def test_center_scores_do_not_depend_on_the_batch_bitwise():
+    """Each token's scores come from GEMMs shaped by its own candidates only: alone, next to
+    longer requests, or among its verify block, the fp32 bits are the same."""
+    bounds = dict(sink_pages=1, recent_pages=4, page_size=16, score="center")
+    q, d_min, d_max, req, pos = _inputs(
+        num_tokens=12, num_heads=9, num_kv_heads=3, head_dim=64, batch=4, max_pages=300, page_size=16,
+        integer=False, seed=11,
+    )
+    center = (d_min + d_max) / 2
+    together = reference.page_scores(q, None, None, req, pos, digest_center=center, **bounds)
+    for t in range(12):
+        alone = reference.page_scores(q[t : t + 1], None, None, req[t : t + 1], pos[t : t + 1],
+                                      digest_center=center, **bounds)
+        assert torch.equal(alone[0], together[t])
+        # the same request's digests as the only row of a shorter table
+        end = int(pos[t]) // 16 + 1
+        own = reference.page_scores(q[t : t + 1], None, None, torch.zeros(1, dtype=torch.int32), pos[t : t + 1],
+                                    digest_center=center[req[t] : req[t] + 1, :end].clone(), **bounds)
+        assert torch.equal(own[0], together[t, :end])

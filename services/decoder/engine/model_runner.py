@@ -51,7 +51,8 @@ class ModelRunner:
         cfg = model.config
         self.digests = None
         if sparse is not None:
-            self.digests = DigestPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype, pool.num_slots)
+            self.digests = DigestPool(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, pool.dtype, pool.num_slots,
+                                      page_score=sparse.page_score)
         self.host_tier: HostTier | None = None  # see attach_host_tier
         # benchmarks.selection_trace: sees every SPARSE request's working set per layer (None: off)
         self.selection_observer: SelectionObserver | None = None

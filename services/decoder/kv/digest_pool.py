@@ -1,27 +1,41 @@
-"""Page digests (Quest): per sealed page, per layer, per kv head, the elementwise min and max of
-its keys. The digest of every page of every live request stays in fast memory, whether or not
-the page itself is hot: a SPARSE request scores all its pages by digest and fetches the winners.
+"""Page digests: per sealed page, per layer, per kv head, what page selection scores the page by.
+The digest of every page of every live request stays in fast memory, whether or not the page
+itself is hot: a SPARSE request scores all its pages by digest and fetches the winners.
 
-Layout per layer: ``min[layer], max[layer]: [num_rows, num_kv_heads, head_dim]``. Rows belong to
-(request, logical page) pairs, not to hot slots: ``Request.digest_rows[page]`` names the row. The
-pool grows (doubling) when a request needs rows and none is free; rows come back when a request
-finishes. A digest row is about ``2 * page_size`` times smaller than the page it summarises.
+What a row holds follows the page score (``kernels.page_select``): ``"quest"`` keeps the
+elementwise min and max of the page's keys (tables ``digest_min``, ``digest_max``); ``"center"``
+keeps only their box center ``(min + max) / 2`` (table ``digest_center``), computed once at seal
+time, so a decode step reads one table and adds nothing.
+
+Layout per table and layer: ``[num_rows, num_kv_heads, head_dim]``. Rows belong to (request,
+logical page) pairs, not to hot slots: ``Request.digest_rows[page]`` names the row. The pool
+grows (doubling) when a request needs rows and none is free; rows come back when a request
+finishes. A digest row is ``page_size`` (center) or ``page_size / 2`` (quest) times smaller than
+the page it summarises.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels import page_digest_into
+from kernels import page_digest, page_digest_into
+from kernels.page_select.reference import box_center
+
+TABLES = {"quest": ("digest_min", "digest_max"), "center": ("digest_center",)}
 
 
 class DigestPool:
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, num_rows: int = 256):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, num_rows: int = 256,
+                 page_score: str = "center"):
         if num_rows <= 0:
             raise ValueError(f"num_rows must be positive, got {num_rows}")
+        if page_score not in TABLES:
+            raise ValueError(f"page_score must be one of {tuple(TABLES)}; got {page_score!r}")
         shape = (num_rows, num_kv_heads, head_dim)
-        self.min = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.max = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.page_score = page_score
+        # table name (a page_select keyword) -> per layer [num_rows, num_kv_heads, head_dim]
+        self.tables = {name: [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+                       for name in TABLES[page_score]}
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self._free: list[int] = list(range(num_rows - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
@@ -29,7 +43,7 @@ class DigestPool:
 
     @property
     def num_rows(self) -> int:
-        return self.min[0].shape[0]
+        return next(iter(self.tables.values()))[0].shape[0]
 
     @property
     def num_free_rows(self) -> int:
@@ -56,7 +70,7 @@ class DigestPool:
 
     def _grow(self, num_rows: int) -> None:
         old = self.num_rows
-        for table in (self.min, self.max):
+        for table in self.tables.values():
             for layer, tensor in enumerate(table):
                 grown = tensor.new_zeros((num_rows, self.num_kv_heads, self.head_dim))
                 grown[:old] = tensor
@@ -67,17 +81,22 @@ class DigestPool:
     def seal(self, layer: int, k_source: torch.Tensor, pages: torch.Tensor, rows: torch.Tensor) -> None:
         """Digests the full pages ``pages: [n]`` of ``k_source: [num_pages, page_size, KVH, D]``
         (a layer of the hot pool, or of the host pool) into ``rows: [n]``. Mutates: this layer's rows."""
-        page_digest_into(k_source, pages, self.min[layer], self.max[layer], rows, check_indices=False)
+        if self.page_score == "quest":
+            tables = self.tables
+            page_digest_into(k_source, pages, tables["digest_min"][layer], tables["digest_max"][layer], rows,
+                             check_indices=False)
+            return
+        center = self.tables["digest_center"][layer]
+        k_min, k_max = page_digest(k_source, pages, check_indices=False)  # [n, KVH, D]
+        center.index_copy_(0, rows.to(center.device).long(), box_center(k_min, k_max).to(center.dtype))
 
-    def gather(self, layer: int, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rows: [batch, max_pages]`` digest rows in logical page order -> min, max
+    def gather(self, layer: int, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``rows: [batch, max_pages]`` digest rows in logical page order -> ``page_select``'s
+        digest keywords (``digest_min``/``digest_max``, or ``digest_center``), each
         ``[batch, max_pages, KVH, D]``."""
         flat = rows.reshape(-1)
         shape = (*rows.shape, self.num_kv_heads, self.head_dim)
-        return (
-            torch.index_select(self.min[layer], 0, flat).view(shape),
-            torch.index_select(self.max[layer], 0, flat).view(shape),
-        )
+        return {name: torch.index_select(table[layer], 0, flat).view(shape) for name, table in self.tables.items()}
 
     def check_integrity(self, held: list[int]) -> bool:
         """``held`` (rows of live requests) and the free rows partition the pool exactly."""

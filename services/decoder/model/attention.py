@@ -215,11 +215,11 @@ class PagedAttention:
         list_q = torch.index_select(q, 0, tokens.token_rows)  # [num_list_tokens, H, D]
         params = self.sparse
         # padding rows are never candidates (pages past the token's window are not read)
-        digest_min, digest_max = self.digests.gather(layer, tokens.digest_rows.clamp(min=0))
+        digests = self.digests.gather(layer, tokens.digest_rows.clamp(min=0))  # the score's tables
         selected, num_selected = page_select(
-            list_q, digest_min, digest_max, tokens.token_req, tokens.token_pos,
+            list_q, digests.get("digest_min"), digests.get("digest_max"), tokens.token_req, tokens.token_pos,
             top_k_pages=params.top_k_pages, sink_pages=params.sink_pages, recent_pages=params.recent_pages,
-            score=params.page_score,
+            score=params.page_score, digest_center=digests.get("digest_center"),
             page_size=page_size, check_indices=False,
         )  # selected: [num_sparse_tokens, sink + top_k + recent] logical pages, -1 padded
         selected = selected[:, : int(num_selected.max())]  # drop all-padding columns
