@@ -80,7 +80,7 @@ def test_the_draft_context_holds_only_committed_features(loaded_model, prompts, 
     pid = still.add_request(prompts[0], params)
     while still.requests[pid].num_computed_tokens < s_req.num_computed_tokens:
         still.step()
-    a, b = spec.speculator.drafter.contexts[sid], still.speculator.drafter.contexts[pid]
+    a, b = spec.speculator.drafter.context(sid), still.speculator.drafter.context(pid)
     assert a.end == b.end == s_req.num_computed_tokens
     assert torch.equal(a.slot_pos, b.slot_pos)
     # a position's features computed inside a verify block vs alone differ by GEMM rounding only

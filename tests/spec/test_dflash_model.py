@@ -84,6 +84,36 @@ def test_a_context_that_jumps_back_is_rebuilt():
     assert sorted(p for p in ctx.slot_pos.tolist() if p >= 0) == [0, 1] and ctx.end == 2
 
 
+def test_observation_is_projected_only_when_the_request_drafts(monkeypatch):
+    """``observe`` keeps features; the ring is filled at the next draft (one projection for the
+    pending requests) and ends as an eager ring would: jumps rebuild it, old rows leave it."""
+    cfg = small_config("dflash")
+    net = random_net(cfg, seed=6)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    lazy, eager = DFlashDrafter(net, embed, embed), DFlashDrafter(net, embed, embed)
+    calls = []
+    real = net.context_kv
+    monkeypatch.setattr(net, "context_kv", lambda rows, pos: calls.append(len(rows)) or real(rows, pos))
+    torch.manual_seed(7)
+    features = torch.randn(40, cfg.feature_size)
+    steps = [(0, 3), (3, 4), (4, 5), (5, 9), (2, 4), (4, 30), (30, 31)]  # (2, 4): a jump back
+    for start, end in steps:
+        lazy.observe("r", start, features[start:end])
+    assert calls == [] and lazy.pending["r"].num_rows <= 2 * cfg.context_window
+    for start, end in steps:
+        eager.observe("r", start, features[start:end])
+        eager.context("r")
+    calls.clear()
+    ask = [DraftRequest("r", list(range(32)), 3)]
+    assert lazy.propose_batch(ask)[0].tokens == eager.propose_batch(ask)[0].tokens
+    assert calls == [cfg.context_window]  # the last window rows, in one pass
+    a, b = lazy.context("r"), eager.context("r")
+    assert a.end == b.end == 31 and torch.equal(a.slot_pos, b.slot_pos)
+    torch.testing.assert_close(a.k, b.k, rtol=0, atol=1e-6)  # GEMM over 6 rows vs 1: rounding only
+    lazy.release("r")
+    assert lazy.pending == {} and lazy.contexts == {}
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_checkpoint_round_trip_gives_identical_proposals(tmp_path, kind):
     cfg = small_config(kind)

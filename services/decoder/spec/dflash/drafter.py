@@ -5,6 +5,12 @@ Per request it keeps a ``DraftContext``: the draft layers' keys/values of the la
 own cache: at 100K tokens it still holds ``window`` positions per request, and the target's
 tiered KV is what carries the long context. One forward pass drafts a block for every request
 of the step at once.
+
+Observation is lazy: ``observe`` only keeps the committed positions' target features (at most
+``window`` rows per request, the ones the ring would keep); they are projected into the ring
+when the request next drafts (``propose_batch``, all pending requests in one pass). While the
+adaptive verify budget finds that no draft pays, the drafter then costs a copy of a feature
+row per token, not a pass through its context projection.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class DFlashDrafter(Drafter):
         self.feature_layers = tuple(net.cfg.target_layer_ids)
         self.dtype = net.fc.weight.dtype
         self.contexts: dict[str, DraftContext] = {}
+        self.pending: dict[str, _Pending] = {}  # observed features not yet in the ring
 
     @classmethod
     def from_checkpoint(cls, directory: str | Path, target, expected_kind: str) -> DFlashDrafter:
@@ -62,14 +69,38 @@ class DFlashDrafter(Drafter):
         self.observe_batch([(request_id, start, features)])
 
     def observe_batch(self, items: list[tuple[str, int, torch.Tensor]]) -> None:
-        for request_id, _, _ in items:
-            if request_id not in self.contexts:
-                self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
-        with torch.inference_mode():
-            DraftContext.append_all(self.net, [(self.contexts[rid], start, f) for rid, start, f in items if len(f)])
+        window = self.cfg.context_window
+        for request_id, start, features in items:
+            context = self.contexts.get(request_id)
+            if context is None:
+                context = self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
+            if not len(features):
+                continue
+            held = self.pending.get(request_id)
+            if held is None or held.end != start:
+                if start != (context.end if held is None else held.end):
+                    context.end = -1  # a jump (recompute, resume): the ring is rebuilt at the flush
+                held = self.pending[request_id] = _Pending(start)
+            held.add(features, window)
+
+    def context(self, request_id: str) -> DraftContext:
+        """The request's ring with every observed position in it (flushes what is pending)."""
+        self._flush([request_id])
+        return self.contexts[request_id]
+
+    def _flush(self, request_ids: list[str]) -> None:
+        items = []
+        for request_id in request_ids:
+            held = self.pending.pop(request_id, None)
+            if held is not None:
+                items.append((self.contexts[request_id], *held.rows()))
+        if items:
+            with torch.inference_mode():
+                DraftContext.append_all(self.net, items)
 
     def release(self, request_id: str) -> None:
         self.contexts.pop(request_id, None)
+        self.pending.pop(request_id, None)
 
     @torch.inference_mode()
     def propose_batch(self, requests: list[DraftRequest]) -> list[Draft]:
@@ -77,6 +108,7 @@ class DFlashDrafter(Drafter):
         rows = [i for i, r in enumerate(requests) if r.max_tokens > 0 and r.request_id in self.contexts]
         if not rows:
             return drafts
+        self._flush([requests[i].request_id for i in rows])
         cfg = self.cfg
         size = cfg.block_size
         contexts = [self.contexts[requests[i].request_id] for i in rows]
@@ -94,3 +126,29 @@ class DFlashDrafter(Drafter):
             n = min(requests[i].max_tokens, size - 1)
             drafts[i] = Draft(tokens[row, :n].tolist(), None if confidences is None else confidences[row, :n].tolist())
         return drafts
+
+
+class _Pending:
+    """One request's observed, not yet projected features: contiguous positions up to ``end``,
+    at most about ``2 * window`` rows (the ring keeps the last ``window`` anyway)."""
+
+    def __init__(self, start: int):
+        self.end = start
+        self.chunks: list[torch.Tensor] = []
+        self.num_rows = 0
+
+    def add(self, features: torch.Tensor, window: int) -> None:
+        """Appends ``features: [n, feature_size]`` (copied: the step's tensor is not kept alive)."""
+        self.end += len(features)
+        if len(features) >= window:
+            self.chunks, self.num_rows = [features[-window:].clone()], window
+            return
+        self.chunks.append(features.clone())
+        self.num_rows += len(features)
+        if self.num_rows > 2 * window:
+            self.chunks, self.num_rows = [torch.cat(self.chunks)[-window:]], window
+
+    def rows(self) -> tuple[int, torch.Tensor]:
+        """``(start, [n, feature_size])``: the kept rows, positions ``start .. end``."""
+        rows = torch.cat(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+        return self.end - len(rows), rows
