@@ -5,8 +5,9 @@ registered shared-memory host pool and a device hot pool vs a plain memcpy, meas
 
 Attention (Llama-3-8B shapes: 32 q heads, 8 kv heads, head_dim 128, bf16, 16-token pages), one
 decode token per request, every request at ``context_tokens``:
-- ``sparse``: ``page_select`` (Quest bounds over every page's digest, top-k 2048 tokens + sink +
-  recent) plus ``sparse_paged_attention`` over the selected pages, i.e. one layer's decode attention;
+- ``sparse``: ``page_select`` (the center score over every page's box-center digest, as the
+  decoder keeps it; top-k 2048 tokens + sink + recent) plus ``sparse_paged_attention`` over the
+  selected pages, i.e. one layer's decode attention;
 - ``full_pages``: the same attention kernel over every page (what sparse saves);
 - ``sdpa_dense``: torch SDPA (flash backend) over a contiguous [B, 8, T, 128] cache, the dense
   baseline a plain engine would run.
@@ -48,6 +49,7 @@ def attention(batch: int, context_tokens: int, top_k_tokens: int, dev: torch.dev
     q = torch.randn(batch, HEADS, HEAD_DIM, device=dev, generator=gen, dtype=dt)
     k_view = k_pool.view(batch, pages, PAGE, KV_HEADS, HEAD_DIM)
     d_min, d_max = k_view.amin(dim=2), k_view.amax(dim=2)  # [batch, pages, kv_heads, head_dim]
+    center = ((d_min.float() + d_max.float()) / 2).to(dt)  # the decoder's center digest
     req = torch.arange(batch, device=dev, dtype=torch.int32)
     pos = torch.full((batch,), context_tokens - 1, device=dev, dtype=torch.int32)
     scale = HEAD_DIM**-0.5
@@ -55,7 +57,7 @@ def attention(batch: int, context_tokens: int, top_k_tokens: int, dev: torch.dev
     sel_kw = dict(top_k_pages=top_k_tokens // PAGE, sink_pages=1, recent_pages=4, page_size=PAGE, score="center")
 
     def select():
-        return page_select(q, d_min, d_max, req, pos, check_indices=False, **sel_kw)[0]
+        return page_select(q, None, None, req, pos, digest_center=center, check_indices=False, **sel_kw)[0]
 
     def attend(sel):
         slots = torch.where(sel >= 0, sel + req[:, None] * pages, -1)

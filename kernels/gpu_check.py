@@ -143,21 +143,26 @@ def check_page_select(ck: Checker, layout: str, score: str) -> dict:
     req, pos, batch = ck.tokens(layout)
     q = ck.randn(req.numel(), cfg.num_heads, cfg.head_dim)
     d_min, d_max = _digests(ck, batch)
-    bounds = dict(sink_pages=cfg.sink_pages, recent_pages=cfg.recent_pages, page_size=cfg.page_size, score=score)
+    # what the decoder passes: min/max for Quest, the stored box centers for the center score
+    pair, extra = (d_min, d_max), {}
+    if score == "center":
+        pair, extra = (None, None), {"digest_center": reference.box_center(d_min, d_max).to(d_min.dtype)}
+    bounds = dict(sink_pages=cfg.sink_pages, recent_pages=cfg.recent_pages, page_size=cfg.page_size, score=score,
+                  **extra)
     kw = dict(top_k_pages=cfg.top_k_pages, **bounds)
-    want = reference.page_select(q, d_min, d_max, req, pos, **kw)
-    got = tri.page_select(q, d_min, d_max, req, pos, **kw)
-    ref_scores = reference.page_scores(q, d_min, d_max, req, pos, **bounds)
-    tri_scores = tri.page_scores(q, d_min, d_max, req, pos, **bounds)
+    want = reference.page_select(q, *pair, req, pos, **kw)
+    got = tri.page_select(q, *pair, req, pos, **kw)
+    ref_scores = reference.page_scores(q, *pair, req, pos, **bounds)
+    tri_scores = tri.page_scores(q, *pair, req, pos, **bounds)
     finite = torch.isfinite(ref_scores)
     score_diff = float((ref_scores[finite] - tri_scores[finite]).abs().max())
     n_diff, n_bad = _unexplained_mismatches(got[0], want[0], ref_scores, cfg.top_k_pages)
-    alone = tri.page_scores(q[-1:], d_min, d_max, req[-1:], pos[-1:], **bounds)  # batch invariance
+    alone = tri.page_scores(q[-1:], *pair, req[-1:], pos[-1:], **bounds)  # batch invariance
     ok = n_bad == 0 and torch.equal(got[1], want[1]) and torch.equal(alone[0], tri_scores[-1])
     ck.record("page_select", f"{layout}/{score}", ok, num_tokens=req.numel(), max_score_diff=score_diff,
               tie_flips=n_diff, unexplained=n_bad,
-              triton_fn=lambda: tri.page_select(q, d_min, d_max, req, pos, **kw),
-              reference_fn=lambda: reference.page_select(q, d_min, d_max, req, pos, **kw))
+              triton_fn=lambda: tri.page_select(q, *pair, req, pos, **kw),
+              reference_fn=lambda: reference.page_select(q, *pair, req, pos, **kw))
     return {"req": req, "pos": pos, "batch": batch, "selected": want[0]}
 
 
