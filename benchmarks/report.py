@@ -42,12 +42,13 @@ def _decode(d: dict) -> Iterator[Row]:
 
 
 def _context_sweep(d: dict) -> Iterator[Row]:
+    score = d["settings"].get("page_score", "quest")  # sweeps before the setting existed used Quest
     for r in d["rows"]:
         ctx = r["context_len"]
         target = {1024: ">= 0.95x", 32768: ">= 3x"}.get(ctx, "")
         ok = {1024: r["sparse_vs_dense"] >= 0.95, 32768: r["sparse_vs_dense"] >= 3}.get(ctx)
         note = " (beyond trained context)" if r.get("beyond_trained_context") else ""
-        yield (f"sparse vs dense decode at {ctx} tokens{note}", "tok/s", r["sparse_tokens_per_s"],
+        yield (f"sparse ({score} page score) vs dense decode at {ctx} tokens{note}", "tok/s", r["sparse_tokens_per_s"],
                r["dense_tokens_per_s"], r["sparse_vs_dense"], target, ok)
         if "llama_cpp_dense_tokens_per_s" in r:
             yield (f"dense decode at {ctx} tokens vs llama.cpp dense{note}", "tok/s", r["dense_tokens_per_s"],
@@ -151,8 +152,7 @@ def _gpu_kernels(d: dict) -> Iterator[Row]:
 
 SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "decode": ("decode.json", _decode),
-    "context_sweep, Quest page score": ("context_sweep.json", _context_sweep),
-    "context_sweep, center page score": ("context_sweep-center/context_sweep.json", _context_sweep),
+    "context_sweep": ("context_sweep.json", _context_sweep),
     "sparse_quality": ("sparse_quality.json", _sparse_quality),
     "spec": ("spec.json", _spec),
     "verify budget": ("verify_budget/spec.json", _spec),

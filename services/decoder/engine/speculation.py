@@ -67,17 +67,18 @@ class Speculator:
     def propose(self, running: list[Request]) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step."""
         drafting: list[Request] = []
-        asks: list[DraftRequest] = []
+        max_tokens: list[int] = []
         for request in running:
             room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
             if request.num_pending_tokens == 1 and room > 0:
                 drafting.append(request)
-                asks.append(DraftRequest(request.request_id, request.prompt_ids + request.output_ids,
-                                         min(self.spec_tokens, room)))
-        if self.profile is not None and asks:
-            drafting, asks = self._worth_the_drafter(running, drafting, asks)
-        if not asks:
+                max_tokens.append(min(self.spec_tokens, room))
+        if self.profile is not None and drafting:
+            drafting, max_tokens = self._worth_the_drafter(running, drafting, max_tokens)
+        if not drafting:
             return
+        # token lists only for the requests that draft (a copy of the whole sequence each)
+        asks = [DraftRequest(r.request_id, r.prompt_ids + r.output_ids, n) for r, n in zip(drafting, max_tokens)]
         start = time.perf_counter()
         drafts = self.drafter.propose_batch(asks)
         if self.draft_costs is not None:
@@ -93,11 +94,11 @@ class Speculator:
         for request, draft in zip(drafting, drafts):
             request.draft_ids = draft.tokens
 
-    def _worth_the_drafter(self, running, drafting, asks):
-        """Keeps the requests whose predicted draft (running survival estimate, full length) would
-        pay for the drafter's forward, charged once for the call."""
-        draft_s = self.draft_costs.seconds_at(len(asks))
-        predicted = self._lengths(running, drafting, [[r.acceptance.rate] * a.max_tokens for r, a in zip(drafting, asks)],
+    def _worth_the_drafter(self, running, drafting, max_tokens):
+        """Keeps the requests (and their draft limits) whose predicted draft (running survival
+        estimate, full length) would pay for the drafter's forward, charged once for the call."""
+        draft_s = self.draft_costs.seconds_at(len(drafting))
+        predicted = self._lengths(running, drafting, [[r.acceptance.rate] * n for r, n in zip(drafting, max_tokens)],
                                   draft_s)
         for request, length in zip(drafting, predicted):
             if length == 0:
@@ -105,7 +106,7 @@ class Speculator:
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
             self.num_skipped_steps += 1
-        return [drafting[i] for i in keep], [asks[i] for i in keep]
+        return [drafting[i] for i in keep], [max_tokens[i] for i in keep]
 
     def _lengths(self, running, drafting, confidences, draft_s: float = 0.0) -> list[int]:
         return choose_draft_lengths(confidences, committed_base=len(running), tokens_base=len(running),
