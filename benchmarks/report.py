@@ -157,7 +157,7 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "spec": ("spec.json", _spec),
     "verify budget": ("verify_budget/spec.json", _spec),
     "verify budget, drafter cost priced": ("spec_budget_calibrated.json", _spec),
-    "learned drafters, batched observe": ("spec_learned_batched_observe.json", _spec),
+    "adaptive budget, lazy drafter observation": ("spec_adaptive_lazy_observe.json", _spec),
     "drafters": ("spec_drafters.json", _spec),
     "drafters, long documents": ("spec_drafters_longdoc.json", _spec),
     "transfer": ("transfer.json", _transfer),
