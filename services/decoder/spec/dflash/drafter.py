@@ -77,9 +77,10 @@ class DFlashDrafter(Drafter):
             if not len(features):
                 continue
             held = self.pending.get(request_id)
-            if held is None or held.end != start:
-                if start != (context.end if held is None else held.end):
-                    context.end = -1  # a jump (recompute, resume): the ring is rebuilt at the flush
+            expected = context.end if held is None else held.end
+            if start != expected:
+                context.end = -1  # a jump (recompute, resume): the ring is rebuilt at the flush
+            if held is None or start != expected:
                 held = self.pending[request_id] = _Pending(start)
             held.add(features, window)
 
