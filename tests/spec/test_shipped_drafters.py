@@ -31,3 +31,18 @@ def test_shipped_drafter_is_lossless_and_accepts(loaded_model, chat_prompts, kin
     accepted = sum(o.stats["accepted_tokens"] for o in outs)
     steps = sum(o.stats["num_verify_steps"] for o in outs)
     assert steps > 0 and (accepted + steps) / steps > 1.1, (accepted, steps)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_shipped_drafter_starts_the_budget_from_its_heldout_acceptance(loaded_model, kind):
+    """The adaptive budget's starting survival estimate is the checkpoint's measured held-out mean
+    acceptance length turned into a per-position survival (1 + p + ... + p^7 = that length)."""
+    from services.decoder.spec.dflash.checkpoint import read_heldout_acceptance_length
+    from services.decoder.spec.verify_budget import expected_committed
+
+    heldout = read_heldout_acceptance_length(shipped_checkpoint(kind))
+    assert heldout is not None and 1.0 < heldout < 8.0
+    llm = LLM(loaded=loaded_model, spec=kind, spec_tokens=7, verify_budget="adaptive")
+    prior = llm.engine.speculator.drafter.prior_acceptance
+    assert expected_committed([prior] * 7) == pytest.approx(heldout)
+    assert llm.engine.speculator.acceptance.rate == pytest.approx(prior)

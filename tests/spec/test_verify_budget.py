@@ -10,6 +10,7 @@ from services.decoder.spec.verify_budget import (
     choose_draft_length,
     choose_draft_lengths,
     expected_committed,
+    survival_from_acceptance_length,
 )
 
 FLAT = CostTable((1, 64), (0.010, 0.010))  # memory-bound: verifying more tokens is free
@@ -127,6 +128,39 @@ def test_an_idle_estimate_drifts_back_to_the_prior():
     assert est.rate == pytest.approx(0.7)
 
 
+def test_a_dip_in_the_calibrated_step_costs_never_makes_a_draft_look_free():
+    """Measured 10x slower at 1 token (a slow first decode step) and at the profile's cost at 16
+    (a fast prefill): interpolated, 9 tokens would cost less than 1. The budget never prices a
+    larger step below a smaller one, so a 5% draft still does not pay for a 20 ms drafter."""
+    costs = CalibratedCosts(FLAT)
+    costs.observe(1, 0.100)
+    costs.observe(16, 0.010)
+    assert costs.seconds_at(9) < costs.seconds_at(1)  # the dip
+    assert choose_draft_lengths([[0.05] * 8], 1, 1, costs, draft_s=0.020) == [0]
+    assert choose_draft_lengths([[0.9] * 8], 1, 1, costs, draft_s=0.020) == [8]
+
+
+def test_an_idle_estimate_drifts_towards_the_given_target():
+    est = AcceptanceEstimate(rate=0.5, prior=0.7, drift=0.1)
+    est.idle(toward=0.1)
+    assert est.rate == pytest.approx(0.5 + 0.1 * (0.1 - 0.5))
+    for _ in range(1000):
+        est.idle(toward=0.1)
+    assert est.rate == pytest.approx(0.1)
+
+
+def test_survival_from_a_mean_acceptance_length():
+    assert survival_from_acceptance_length(1.5, 1) == pytest.approx(0.5)
+    assert survival_from_acceptance_length(1.75, 2) == pytest.approx(0.5)  # 1 + 0.5 + 0.25
+    assert survival_from_acceptance_length(1.0, 7) == pytest.approx(0.0, abs=1e-12)
+    assert survival_from_acceptance_length(8.0, 7) == pytest.approx(1.0)
+    p = survival_from_acceptance_length(1.3159, 7)
+    assert expected_committed([p] * 7) == pytest.approx(1.3159)
+    for bad in (0.9, 8.5):
+        with pytest.raises(ValueError, match="impossible"):
+            survival_from_acceptance_length(bad, 7)
+
+
 def test_failed_probes_back_off_and_a_success_restores_the_drift():
     est = AcceptanceEstimate(drift=0.05)
     est.update(4, 0)
@@ -175,3 +209,35 @@ def test_the_drafter_does_not_run_when_no_draft_can_pay_for_it(loaded_model):
     # every step of the costly run that could draft: 24 tokens, the first from the prefill, the last
     # with no room for a draft (and its bonus token) left
     assert speculator.num_skipped_steps == 22
+
+
+def test_requests_start_from_and_drift_to_the_drafters_pooled_acceptance(loaded_model):
+    """A drafter known to accept little (pooled estimate 0.05, e.g. from its held-out figure) is
+    not probed by new requests at a guessed 0.7: with a drafter cost that 0.7 would pay for and
+    0.05 would not, it never runs; with the pooled estimate at 0.7 it does, and every verified
+    draft counts in the pooled estimate. Outputs equal plain decoding either way."""
+    from services.decoder.spec.verify_budget import BudgetProfile
+
+    # the engine calibrates the step table by measured step times (a real step here is 20-100 ms,
+    # FLAT says 10): 0.7 pays for a 20 ms drafter at any step time above ~9 ms, 0.05 (5% more
+    # tokens per step) at none below 0.38 s, beyond the calibration's 10x limit
+    draft_s = 0.020
+    assert choose_draft_lengths([[0.7] * 8], 1, 1, FLAT, draft_s=draft_s) != [0]
+    assert choose_draft_lengths([[0.05] * 8], 1, 1, FLAT, draft_s=draft_s) == [0]
+    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    plain = LLM(loaded=loaded_model).generate(prompts, params)
+    llm = LLM(loaded=loaded_model, spec="ngram", spec_tokens=8, verify_budget="adaptive")
+    speculator = llm.engine.speculator
+    assert speculator.acceptance.rate == pytest.approx(speculator.drafter.prior_acceptance)
+    for pooled, drafts in ((0.05, False), (0.7, True)):
+        speculator.profile = BudgetProfile(FLAT, CostTable((1, 16), (draft_s, draft_s)))
+        speculator.acceptance = AcceptanceEstimate(prior=pooled, weight=speculator.POOLED_WEIGHT)
+        speculator.num_drafter_calls = 0
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+        assert (speculator.num_drafter_calls > 0) == drafts
+        verified = outs[0].stats["num_verify_steps"]
+        assert (verified > 0) == drafts
+        # the pooled estimate moved only if drafts were verified (one pseudo-trial + EMA of them)
+        assert (speculator.acceptance.trials != 1.0) == drafts

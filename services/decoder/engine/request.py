@@ -100,7 +100,7 @@ class Request:
         self.buffer: SparseBuffer | None = None  # SPARSE only
         self.num_computed_tokens = 0
         self.draft_ids: list[int] = []  # proposed for the next step; never part of the request's tokens
-        self.acceptance = AcceptanceEstimate()  # running draft acceptance (adaptive verify budget)
+        self.acceptance: AcceptanceEstimate | None = None  # running draft acceptance (set by the Speculator)
         self.num_host_pages = 0  # leading pages whose bytes the host tier holds (written back)
         self.pending_fetch: list[int] = []  # pages to copy host -> their slots before the next forward
         self.promoting = False  # SPARSE -> FULL under way: cold pages are being fetched

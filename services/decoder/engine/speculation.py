@@ -9,7 +9,14 @@ request, the host fetches its larger working set costs. Before that, the adaptiv
 whether drafting can pay for the drafter's own forward at all: with each request's running
 survival estimate, the profiled step costs and the profiled drafter cost, the requests for which
 no draft would pay are left out, and when none is left the drafter does not run (those requests'
-estimates drift back towards the prior, so they probe again later). Both cost tables start from
+estimates drift back towards the drafter's pooled estimate, so they probe again later).
+
+The pooled estimate (``Speculator.acceptance``) counts every verified draft of every request.
+It starts from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out
+acceptance), a new request's estimate starts from it, and idle estimates drift towards it, so a
+drafter that is known to accept little is not re-probed at a guessed 0.7 by every request. On
+steps where the drafter had candidates but nothing was verified, the pooled estimate itself
+drifts back to the prior (with the same back-off), so probing never stops for good. Both cost tables start from
 the profile and are corrected by the step and drafter times measured while serving
 (``CalibratedCosts``). After the step, a drafter
 that conditions on the target gets the committed positions' features (never rejected rows).
@@ -26,7 +33,12 @@ from services.decoder.engine.request import Request, Residency
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import Drafter, DraftRequest, make_drafter
-from services.decoder.spec.verify_budget import BudgetProfile, CalibratedCosts, choose_draft_lengths
+from services.decoder.spec.verify_budget import (
+    AcceptanceEstimate,
+    BudgetProfile,
+    CalibratedCosts,
+    choose_draft_lengths,
+)
 
 
 def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
@@ -39,9 +51,12 @@ def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
 
 
 class Speculator:
+    POOLED_WEIGHT = 0.05  # of the newest verified draft in the pooled estimate (many per step)
+
     def __init__(self, drafter: Drafter, spec_tokens: int):
         self.drafter = drafter
         self.spec_tokens = spec_tokens
+        self.acceptance = AcceptanceEstimate(prior=drafter.prior_acceptance, weight=self.POOLED_WEIGHT)
         self._profile: BudgetProfile | None = None
         self.step_costs: CalibratedCosts | None = None
         self.draft_costs: CalibratedCosts | None = None
@@ -64,6 +79,20 @@ class Speculator:
         if self.step_costs is not None:
             self.step_costs.observe(num_tokens, seconds)
 
+    def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
+        """A verified draft: updates the request's estimate and the pooled one."""
+        self.estimate(request).update(num_drafted, num_accepted)
+        self.acceptance.update(num_drafted, num_accepted)
+
+    def estimate(self, request: Request) -> AcceptanceEstimate:
+        """The request's running estimate; a new request starts from the pooled one."""
+        if request.acceptance is None:
+            request.acceptance = AcceptanceEstimate(prior=self.drafter.prior_acceptance, rate=self.acceptance.rate)
+        return request.acceptance
+
+    def _idle(self, request: Request) -> None:
+        self.estimate(request).idle(toward=self.acceptance.rate)
+
     def propose(self, running: list[Request]) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step."""
         drafting: list[Request] = []
@@ -75,6 +104,8 @@ class Speculator:
                 max_tokens.append(min(self.spec_tokens, room))
         if self.profile is not None and drafting:
             drafting, max_tokens = self._worth_the_drafter(running, drafting, max_tokens)
+            if not drafting:
+                self.acceptance.idle()
         if not drafting:
             return
         # token lists only for the requests that draft (a copy of the whole sequence each)
@@ -85,12 +116,14 @@ class Speculator:
             self.draft_costs.observe(len(asks), time.perf_counter() - start)
         self.num_drafter_calls += 1
         if self.profile is not None:
-            lengths = self._lengths(running, drafting, [d.confidences or [r.acceptance.rate] * len(d.tokens)
+            lengths = self._lengths(running, drafting, [d.confidences or [self.estimate(r).rate] * len(d.tokens)
                                                         for r, d in zip(drafting, drafts)])
             for request, draft, length in zip(drafting, drafts, lengths):
                 if draft.tokens and length == 0:
-                    request.acceptance.idle()
+                    self._idle(request)
                 draft.tokens = draft.tokens[:length]
+            if not any(lengths):
+                self.acceptance.idle()
         for request, draft in zip(drafting, drafts):
             request.draft_ids = draft.tokens
 
@@ -98,11 +131,11 @@ class Speculator:
         """Keeps the requests (and their draft limits) whose predicted draft (running survival
         estimate, full length) would pay for the drafter's forward, charged once for the call."""
         draft_s = self.draft_costs.seconds_at(len(drafting))
-        predicted = self._lengths(running, drafting, [[r.acceptance.rate] * n for r, n in zip(drafting, max_tokens)],
+        predicted = self._lengths(running, drafting, [[self.estimate(r).rate] * n for r, n in zip(drafting, max_tokens)],
                                   draft_s)
         for request, length in zip(drafting, predicted):
             if length == 0:
-                request.acceptance.idle()
+                self._idle(request)
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
             self.num_skipped_steps += 1

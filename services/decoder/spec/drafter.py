@@ -38,6 +38,9 @@ class Draft:
 class Drafter(ABC):
     name: str
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs ``observe`` receives
+    # per-position survival the adaptive budget assumes before it has measured any draft: a
+    # guess here; a trained drafter replaces it with its measured held-out acceptance
+    prior_acceptance: float = 0.7
 
     @abstractmethod
     def propose_batch(self, requests: list[DraftRequest]) -> list[Draft]:

@@ -123,8 +123,8 @@ class BudgetProfile:
 
 
 class AcceptanceEstimate:
-    """A request's per-position draft survival probability ``rate``: P(position i is accepted |
-    position i-1 was). Every verify step is a run of accepted positions ended by one rejection (or
+    """A per-position draft survival probability ``rate`` (a request's, or a drafter's pooled over
+    all requests): P(position i is accepted | position i-1 was). Every verify step is a run of accepted positions ended by one rejection (or
     by the draft's end, which censors it), so the estimate is accepted / (accepted + rejections),
     with both counts as exponential moving averages over verify steps (``weight`` of the newest),
     starting from one pseudo-trial at ``prior``. (accepted / drafted would read p = 0.9 as 0.6 on
@@ -142,14 +142,17 @@ class AcceptanceEstimate:
     def rate(self) -> float:
         return self.accepted / self.trials
 
-    def idle(self) -> None:
+    def idle(self, toward: float | None = None) -> None:
         """A step where the budget verified none of the request's draft: nothing was observed, so
-        the estimate drifts back towards the prior. Without that, a request that once accepted
+        the estimate drifts back towards ``toward`` (the drafter's pooled acceptance, see
+        ``Speculator``; the prior when not given). Without that, a request that once accepted
         little would never verify again, even after its text turned copy-heavy; with it, it
-        probes again after a while (about 14 idle steps from 0.3 to 0.5). Each probe that accepts
-        nothing halves the drift (back-off: a drafter that keeps failing on this text is tried
-        ever more rarely, down to ``MIN_DRIFT``); one that accepts something restores it."""
-        self.accepted = (self.rate + self.drift * (self.prior - self.rate)) * self.trials
+        probes again after a while (about 14 idle steps from 0.3 to 0.5 towards 0.7). Each probe
+        that accepts nothing halves the drift (back-off: a drafter that keeps failing on this
+        text is tried ever more rarely, down to ``MIN_DRIFT``); one that accepts something
+        restores it."""
+        target = self.prior if toward is None else toward
+        self.accepted = (self.rate + self.drift * (target - self.rate)) * self.trials
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         if num_drafted > 0:
@@ -158,6 +161,23 @@ class AcceptanceEstimate:
             self.accepted = keep * self.accepted + self.weight * num_accepted
             self.trials = keep * self.trials + self.weight * (num_accepted + rejected)
             self.drift = self.base_drift if num_accepted else max(self.drift / 2, self.MIN_DRIFT)
+
+
+def survival_from_acceptance_length(mean_length: float, draft_tokens: int) -> float:
+    """The per-position survival ``p`` with ``1 + p + p^2 + ... + p^draft_tokens == mean_length``:
+    a drafter's mean acceptance length on drafts of ``draft_tokens`` tokens (bonus included, as
+    its held-out evaluation reports it) as the survival estimate the budget starts from.
+    ``mean_length`` outside ``[1, 1 + draft_tokens]`` is an error."""
+    if draft_tokens < 1 or not 1.0 <= mean_length <= 1.0 + draft_tokens:
+        raise ValueError(f"a mean acceptance length of {mean_length} is impossible with {draft_tokens} draft tokens")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection: the sum grows with p
+        mid = (lo + hi) / 2
+        if sum(mid**i for i in range(draft_tokens + 1)) < mean_length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def expected_committed(confidences: list[float]) -> float:
@@ -198,7 +218,8 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     lengths = [0] * len(confidences)
     best_lengths = list(lengths)
     expected, tokens, fetch_s = float(committed_base), tokens_base, 0.0
-    best_rate = expected / max(costs.seconds_at(tokens), 1e-12)
+    step_s = costs.seconds_at(tokens)
+    best_rate = expected / max(step_s, 1e-12)
     while heap:
         _, r, k = heapq.heappop(heap)
         alive[r] *= confidences[r][k]
@@ -206,7 +227,10 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
         tokens += 1
         fetch_s += fetch[r]
         lengths[r] = k + 1
-        rate = expected / max(costs.seconds_at(tokens) + fetch_s + draft_s, 1e-12)
+        # a step with more tokens never costs less: a calibrated table can dip between anchors
+        # measured at different times (a slow first decode step next to a fast prefill)
+        step_s = max(step_s, costs.seconds_at(tokens))
+        rate = expected / max(step_s + fetch_s + draft_s, 1e-12)
         if rate > best_rate * (1 + 1e-9):
             best_rate, best_lengths = rate, list(lengths)
         if k + 1 < len(confidences[r]):

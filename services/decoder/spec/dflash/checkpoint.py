@@ -34,7 +34,7 @@ def save_checkpoint(net: DraftNet, directory: str | Path, dtype: torch.dtype | N
     return directory
 
 
-def read_config(directory: str | Path) -> DraftConfig:
+def _read_raw_config(directory: str | Path) -> dict:
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
         raise DraftCheckpointError(f"{Path(directory)} is not a draft checkpoint: no {CONFIG_FILE}")
@@ -42,7 +42,27 @@ def read_config(directory: str | Path) -> DraftConfig:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DraftCheckpointError(f"{path}: not valid JSON ({exc})") from None
-    return DraftConfig.from_json(raw)
+    if not isinstance(raw, dict):
+        raise DraftCheckpointError(f"{path}: want a JSON object")
+    return raw
+
+
+def read_config(directory: str | Path) -> DraftConfig:
+    return DraftConfig.from_json(_read_raw_config(directory))
+
+
+def read_heldout_acceptance_length(directory: str | Path) -> float | None:
+    """The drafter's held-out mean acceptance length that training recorded
+    (``dhisparse.heldout_acceptance.draft.mean_acceptance_length``), or None when the checkpoint
+    has none (e.g. one trained elsewhere)."""
+    raw = _read_raw_config(directory)
+    try:
+        value = raw["dhisparse"]["heldout_acceptance"]["draft"]["mean_acceptance_length"]
+    except (KeyError, TypeError):
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise DraftCheckpointError(f"{Path(directory) / CONFIG_FILE}: held-out mean_acceptance_length {value!r} is not a number")
+    return float(value)
 
 
 def load_checkpoint(directory: str | Path, dtype: torch.dtype = torch.float32) -> DraftNet:

@@ -19,10 +19,15 @@ from pathlib import Path
 
 import torch
 
-from services.decoder.spec.dflash.checkpoint import load_checkpoint, read_draft_vocab
+from services.decoder.spec.dflash.checkpoint import (
+    load_checkpoint,
+    read_draft_vocab,
+    read_heldout_acceptance_length,
+)
 from services.decoder.spec.dflash.config import DraftCheckpointError
 from services.decoder.spec.dflash.model import DraftContext, DraftNet
 from services.decoder.spec.drafter import Draft, Drafter, DraftRequest
+from services.decoder.spec.verify_budget import survival_from_acceptance_length
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
 
@@ -59,7 +64,14 @@ class DFlashDrafter(Drafter):
             raise DraftCheckpointError(f"{directory} holds a {kind} drafter, not {expected_kind}")
         cfg = target.config
         net.cfg.check_target(cfg.num_layers, cfg.hidden_size, cfg.vocab_size)
-        return cls(net, target.embed_tokens, target.lm_head.weight, read_draft_vocab(directory, cfg.vocab_size))
+        drafter = cls(net, target.embed_tokens, target.lm_head.weight, read_draft_vocab(directory, cfg.vocab_size))
+        heldout = read_heldout_acceptance_length(directory)
+        if heldout is not None:
+            try:
+                drafter.prior_acceptance = survival_from_acceptance_length(heldout, drafter.max_draft_tokens)
+            except ValueError as exc:
+                raise DraftCheckpointError(f"{directory}: {exc}") from None
+        return drafter
 
     @property
     def max_draft_tokens(self) -> int:
