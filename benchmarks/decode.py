@@ -77,13 +77,15 @@ def bench_ours_concurrent(llm, prompts: list[list[int]], decode_tokens: int) -> 
 
 def bench_transformers(hf, prompts: list[list[int]], decode_tokens: int, repeats: int) -> float:
     """Decode tok/s of ``hf.generate`` for a (left-padded) batch: (T(N) - T(1)) over N - 1 steps."""
-    batch = torch.tensor(prompts)
+    batch = torch.tensor(prompts, device=hf.device)
     mask = torch.ones_like(batch)
 
     def timed(n: int) -> float:
         t0 = time.perf_counter()
         with torch.no_grad():
-            hf.generate(batch, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out = hf.generate(batch, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              pad_token_id=0)
+        out.tolist()  # waits for the device
         return time.perf_counter() - t0
 
     timed(2)
@@ -122,11 +124,13 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model_path = resolve_model_path(args.model)
     loaded = load_model(model_path)
-    llm = LLM(loaded=loaded, dtype=args.dtype, kv_cache_tokens=16384, max_num_batched_tokens=2048)
+    on_gpu = args.device != "cpu"
+    skip_llama_cpp = args.skip_llama_cpp or on_gpu  # llama-cpp-python here is the CPU build
+    llm = LLM(loaded=loaded, dtype=args.dtype, kv_cache_tokens=16384, max_num_batched_tokens=2048, device=args.device)
     weight_bytes = llm.engine.model.weight_bytes_per_step
     bar = progress(desc="decode", unit="phase",
-                   total=5 + (0 if args.skip_transformers else 4) + (0 if args.skip_llama_cpp else 1))
-    read_bw = phase(bar, "read bandwidth", measured_read_bandwidth_bytes_per_s)
+                   total=5 + (0 if args.skip_transformers else 4) + (0 if skip_llama_cpp else 1))
+    read_bw = phase(bar, "read bandwidth", measured_read_bandwidth_bytes_per_s, args.device)
     bound = read_bw / weight_bytes
     short, long_ = _prompts(llm.tokenizer, 1, 128)[0], _prompts(llm.tokenizer, 1, 2000)[0]
     concurrent = _prompts(llm.tokenizer, 8, 128)
@@ -147,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
 
         hf_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
         hf = phase(bar, "transformers load", AutoModelForCausalLM.from_pretrained, str(model_path.parent),
-                   gguf_file=model_path.name, dtype=hf_dtype).eval()
+                   gguf_file=model_path.name, dtype=hf_dtype).eval().to(args.device)
         peer = {
             "batch1_prompt128_tokens_per_s": phase(bar, "transformers batch-1 prompt 128", bench_transformers, hf,
                                                    [short], args.decode_tokens, args.repeats),
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace) -> dict:
             "concurrent8_aggregate_decode_tokens_per_s": phase(bar, "transformers 8 concurrent", bench_transformers,
                                                                hf, concurrent, args.decode_tokens, 1),
         }
-    llama_cpp = {} if args.skip_llama_cpp else phase(bar, "llama.cpp", bench_llama_cpp, model_path, short, long_,
+    llama_cpp = {} if skip_llama_cpp else phase(bar, "llama.cpp", bench_llama_cpp, model_path, short, long_,
                                                      concurrent, args)
     bar.close()
     ratios = {k: ours[k] / peer[k] for k in peer if k in ours and peer[k] > 0}
@@ -168,7 +172,8 @@ def run(args: argparse.Namespace) -> dict:
         "benchmark": "decode",
         "machine": machine_info(),
         "model": str(model_path),
-        "settings": {"dtype": args.dtype, "decode_tokens": args.decode_tokens, "repeats": args.repeats, "threads": args.threads},
+        "settings": {"dtype": args.dtype, "decode_tokens": args.decode_tokens, "repeats": args.repeats, "threads": args.threads,
+                     "device": args.device},
         "weight_bytes_per_step": weight_bytes,
         "measured_read_bandwidth_gib_per_s": read_bw / 2**30,
         "bandwidth_bound_tokens_per_s": bound,
@@ -213,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]: ours and transformers on that device")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--out", default=None, help="output folder (default results/<date>-<machine>/)")

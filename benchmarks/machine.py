@@ -51,15 +51,16 @@ def write_json(path: Path, payload: dict) -> Path:
     return path
 
 
-def measured_read_bandwidth_bytes_per_s(num_bytes: int = 512 * 2**20, repeats: int = 7) -> float:
-    """Best-of-N streaming read bandwidth of this machine (fp32 sum over a buffer larger than caches)."""
+def measured_read_bandwidth_bytes_per_s(device: str = "cpu", num_bytes: int = 512 * 2**20, repeats: int = 7) -> float:
+    """Best-of-N streaming read bandwidth of ``device``'s memory (fp32 sum over a buffer larger
+    than caches; on a GPU the sum's scalar is read back, which waits for the device)."""
     import time
 
-    buf = torch.ones(num_bytes // 4)
-    buf.sum()
+    buf = torch.ones(num_bytes // 4, device=device)
+    buf.sum().item()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        buf.sum()
+        buf.sum().item()
         best = min(best, time.perf_counter() - t0)
     return num_bytes / best

@@ -37,6 +37,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         "spec_tokens": args.spec_tokens,
         "verify_budget": args.verify_budget,
         "draft_model": args.draft_model,
+        "device": args.device,
     }
     if args.threads:
         fields["num_threads"] = args.threads
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     gen.add_argument("--threads", type=int, default=None)
+    gen.add_argument("--device", default="cpu", help="cpu or cuda[:N] (dense attention only on CUDA so far)")
     gen.add_argument("--attention", default="dense", choices=["dense", "sparse"],
                      help="sparse: each decode token attends over sink + top-k + recent pages")
     gen.add_argument("--top-k-tokens", type=int, default=2048, help="sparse top-k budget (rounded up to pages)")

@@ -62,6 +62,11 @@ class DecoderConfig(BaseSettings):
     model_id: str = Field("SmolLM2-135M-Instruct", description="model id announced to kvtier and clients")
     packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None = torch default")
+    device: str = Field(
+        "cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",
+        description="where weights, the hot pool and the forward live: cpu, or cuda[:N] (dense attention, no "
+        "kvtier, no learned drafter: those paths run on CPU tensors only so far)"
+    )
     # ---- serving (services/decoder/service) ----
     served_model_name: str = Field("SmolLM2-135M-Instruct", description="model id advertised to clients")
     decoder_id: str | None = Field(None, description="name in Redis heartbeats ([A-Za-z0-9_.-]); None = hostname-port")
@@ -91,6 +96,13 @@ class DecoderConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _check_spec_with_sparse(self) -> DecoderConfig:
+        if self.device != "cpu":
+            unsupported = [name for name, on in (("attention='sparse'", self.attention == "sparse"),
+                                                 ("a kvtier_address", self.kvtier_address is not None),
+                                                 (f"spec={self.spec!r}", self.spec in ("dflash", "dspark"))) if on]
+            if unsupported:
+                raise ValueError(f"device={self.device!r} runs dense decoding only so far; "
+                                 f"{', '.join(unsupported)} needs device='cpu'")
         # a verify block must not reach a page that plain decoding would score by digest: the
         # recent window has to cover the token's own page plus every page the block spans
         needed = 1 + -(-self.spec_tokens // self.page_size)

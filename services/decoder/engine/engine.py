@@ -57,6 +57,8 @@ class Engine:
         if self.config.num_threads:
             torch.set_num_threads(self.config.num_threads)
         keep_freed_memory_in_heap()
+        if self.config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device={self.config.device!r}, but torch sees no CUDA device here")
         if loaded is None:
             loaded = load_model(resolve_model_path(self.config.model), dtype=self.config.torch_dtype)
         self.loaded = loaded
@@ -70,7 +72,7 @@ class Engine:
                 "tokens; set allow_long_context=True to run past it (outputs degrade: throughput tests only)"
             )
         self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.packed_gemm,
-                                max_positions=max(self.max_model_len, trained_len))
+                                max_positions=max(self.max_model_len, trained_len), device=self.config.device)
         mc = loaded.config
         cfg = self.config
         self.full_only = cfg.residency_policy == "always-full"
@@ -89,7 +91,7 @@ class Engine:
                 f"{cfg.num_slots}: raise kv_cache_tokens or lower sparse_buffer_pages / max_num_batched_tokens"
             )
         self.pool = HotPool(mc.num_layers, self.config.num_slots, self.config.page_size, mc.num_kv_heads,
-                            mc.head_dim, self.config.torch_dtype)
+                            mc.head_dim, self.config.torch_dtype, self.config.device)
         self.allocator = SlotAllocator(self.config.num_slots)
         self.controller = ResidencyController(ResidencySettings(
             policy=cfg.residency_policy, page_size=cfg.page_size, num_layers=mc.num_layers,
@@ -281,7 +283,7 @@ class Engine:
                 request.stats.num_verify_steps += 1
                 request.stats.drafted_tokens += len(sched.draft)
                 request.stats.accepted_tokens += len(tokens) - 1
-                request.acceptance.update(len(sched.draft), len(tokens) - 1)
+                self.speculator.record(request, len(sched.draft), len(tokens) - 1)
             for token_id in tokens or []:
                 self._append_token(request, token_id, events)
                 if request.is_finished:

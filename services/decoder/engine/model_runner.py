@@ -193,6 +193,9 @@ class ModelRunner:
         the captured features. Does not mutate request bookkeeping."""
         self.ensure_digest_rows(batch)
         input_ids, meta, ordered = self.build_inputs(batch)
+        device = self.model.device
+        if device.type != "cpu":  # built on the host, moved once
+            input_ids, meta = input_ids.to(device, non_blocking=True), meta.to(device)
         logit_rows: list[int] = []
         samplers: list[ScheduledRequest] = []
         out = StepOutput()
@@ -204,7 +207,7 @@ class ModelRunner:
                 logit_rows.extend(range(offset - 1 - len(sched.draft), offset))
                 samplers.append(sched)
         logits = self.model.forward(
-            input_ids, meta, self.attention, logit_rows=torch.tensor(logit_rows, dtype=torch.int64),
+            input_ids, meta, self.attention, logit_rows=torch.tensor(logit_rows, dtype=torch.int64).to(device),
             capture_layers=self.capture_layers,
         )  # [len(logit_rows), vocab]
         if self.capture_layers:
@@ -217,6 +220,8 @@ class ModelRunner:
         if not samplers:
             return out
         greedy_ids = torch.argmax(logits, dim=-1).tolist()
+        if device.type != "cpu" and not all(s.request.params.greedy for s in samplers):
+            logits = logits.cpu()  # sampling draws from the requests' (host) generators
         committed = out.committed
         row = 0
         for sched in samplers:

@@ -38,6 +38,13 @@ class AttentionGroup:
     def token_end(self) -> int:
         return self.token_start + self.num_reqs * self.num_query_tokens
 
+    def to(self, device: torch.device) -> AttentionGroup:
+        if self.host_read is not None:
+            raise ValueError("host page reads (SPARSE prefill) run on CPU tensors only")
+        mask = None if self.attn_mask is None else self.attn_mask.to(device, non_blocking=True)
+        return AttentionGroup(self.token_start, self.num_reqs, self.num_query_tokens,
+                              self.read_rows.to(device, non_blocking=True), mask)
+
 
 @dataclass(frozen=True)
 class SparseParams:
@@ -72,6 +79,14 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(self.positions.shape[0])
+
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """The metadata with every tensor on ``device`` (built on the host, moved once per step)."""
+        if self.page_list is not None:
+            raise ValueError("page-list (sparse) tokens run on CPU tensors only")
+        return AttentionMetadata(self.positions.to(device, non_blocking=True),
+                                 self.write_rows.to(device, non_blocking=True),
+                                 [group.to(device) for group in self.groups])
 
 
 def build_group(

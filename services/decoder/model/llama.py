@@ -45,13 +45,19 @@ class LlamaModel:
         dtype: torch.dtype = torch.float32,
         packed_gemm: bool = True,
         max_positions: int | None = None,
+        device: torch.device | str = "cpu",
     ):
-        """``max_positions``: RoPE table length (default: the model's trained context)."""
+        """``max_positions``: RoPE table length (default: the model's trained context);
+        ``device``: where the weights live (the forward's inputs must be there too)."""
         self.config = config
         self.dtype = dtype
+        self.device = torch.device(device)
+
+        def to_device(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=self.device, dtype=dtype).contiguous()
 
         def w(name: str) -> torch.Tensor:
-            return weights[name].to(dtype).contiguous()
+            return to_device(weights[name])
 
         self.embed_tokens = w("model.embed_tokens.weight")  # [vocab, hidden]
         lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")
@@ -63,27 +69,25 @@ class LlamaModel:
             qkv_names = [p + f"self_attn.{x}_proj" for x in ("q", "k", "v")]
             bias = None
             if config.attention_bias:
-                bias = torch.cat([weights[n + ".bias"] for n in qkv_names]).to(dtype).contiguous()
+                bias = to_device(torch.cat([weights[n + ".bias"] for n in qkv_names]))
             self.layers.append(
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
                     qkv=Linear(
-                        torch.cat([weights[n + ".weight"] for n in qkv_names]).to(dtype).contiguous(), bias, packed_gemm
+                        to_device(torch.cat([weights[n + ".weight"] for n in qkv_names])), bias, packed_gemm
                     ),
                     q_norm=w(p + "self_attn.q_norm.weight") if config.qk_norm else None,
                     k_norm=w(p + "self_attn.k_norm.weight") if config.qk_norm else None,
                     o_proj=Linear(w(p + "self_attn.o_proj.weight"), packed_gemm=packed_gemm),
                     post_norm=w(p + "post_attention_layernorm.weight"),
                     gate_up=Linear(
-                        torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])
-                        .to(dtype)
-                        .contiguous(),
+                        to_device(torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])),
                         packed_gemm=packed_gemm,
                     ),
                     down=Linear(w(p + "mlp.down_proj.weight"), packed_gemm=packed_gemm),
                 )
             )
-        self.rope = RotaryEmbedding(config, dtype, max_positions)
+        self.rope = RotaryEmbedding(config, dtype, max_positions, self.device)
         self.scale = config.head_dim**-0.5
 
     @property

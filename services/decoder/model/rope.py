@@ -69,13 +69,14 @@ def _inv_freq_and_scale(config: ModelConfig) -> tuple[torch.Tensor, float]:
 class RotaryEmbedding:
     """Precomputed cos/sin tables ``[max_positions, head_dim // 2]`` applied by position index."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32, max_positions: int | None = None,
+                 device: torch.device | str = "cpu"):
         inv_freq, scale = _inv_freq_and_scale(config)
         max_positions = max_positions or config.max_position_embeddings
         positions = torch.arange(max_positions, dtype=torch.float64)
         angles = torch.outer(positions, inv_freq)  # [max_positions, head_dim // 2]
-        self.cos = (angles.cos() * scale).to(dtype)
-        self.sin = (angles.sin() * scale).to(dtype)
+        self.cos = (angles.cos() * scale).to(device=device, dtype=dtype)
+        self.sin = (angles.sin() * scale).to(device=device, dtype=dtype)
         self.max_positions = max_positions
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

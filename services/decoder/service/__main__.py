@@ -31,6 +31,7 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
                         help="hot-tier policy (default: adaptive with kvtier and sparse attention)")
     parser.add_argument("--sparse-buffer-pages", type=int, help="LRU buffer slots per SPARSE request")
     parser.add_argument("--threads", dest="num_threads", type=int)
+    parser.add_argument("--device", help="cpu (default) or cuda[:N]: dense decoding on a GPU")
     parser.add_argument("--kvtier-address", help="host:port of kvtier: write sealed pages back to its host pool")
     parser.add_argument("--spec", choices=["none", "ngram"], help="speculative decoding drafter")
     parser.add_argument("--spec-tokens", type=int, help="draft tokens verified per step")
