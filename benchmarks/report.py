@@ -150,6 +150,27 @@ def _gpu_kernels(d: dict) -> Iterator[Row]:
                    None, ratio, ">= 0.70", ratio >= 0.7)
 
 
+def _gpu_decode(d: dict) -> Iterator[Row]:
+    """End-to-end decode on the GPU (``benchmarks/gpu_decode.py``): random weights, real shapes."""
+    for r in d["runs"]:
+        name = f"GPU end-to-end decode, {r['shape']} shape (random weights) {r['dtype']}"
+        ours, peer = r["ours"], r["transformers"]
+        if peer:
+            yield (f"{name}, batch 1 vs transformers", "tok/s", ours["batch1_prompt128_tokens_per_s"],
+                   peer["batch1_prompt128_tokens_per_s"], r["ratios"]["batch1_vs_transformers"], "", None)
+        yield (f"{name}, batch 1 vs the HBM bandwidth bound", "tok/s", ours["batch1_prompt128_tokens_per_s"],
+               r["bandwidth_bound_tokens_per_s"], r["ratios"]["batch1_fraction_of_bandwidth_bound"], "", None)
+        for key, value in ours.items():
+            if key.startswith("concurrent"):
+                count = key.removeprefix("concurrent").split("_")[0]
+                yield (f"{name}, {count} concurrent (aggregate) vs our batch 1", "tok/s", value,
+                       ours["batch1_prompt128_tokens_per_s"], value / ours["batch1_prompt128_tokens_per_s"], "", None)
+    agreement = d.get("agreement")
+    if agreement:
+        yield ("GPU vs CPU greedy tokens, 135M shape fp32", "tokens", agreement["equal_tokens"], agreement["tokens"],
+               agreement["equal_tokens"] / agreement["tokens"], "", None)
+
+
 SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "decode": ("decode.json", _decode),
     "context_sweep": ("context_sweep.json", _context_sweep),
@@ -182,6 +203,7 @@ def build(results: Path, gpu: Path | None = None) -> str:
     sources = [(name, results / file, fn) for name, (file, fn) in SOURCES.items()]
     if gpu is not None:
         sources.append(("gpu kernels", gpu / "gpu_kernels.json", _gpu_kernels))
+        sources.append(("gpu decode", gpu / "gpu_decode.json", _gpu_decode))
     for name, path, fn in sources:
         if not path.is_file():
             lines.append(f"| {name} | not run (no `{path.name}`) | | | | | | |")
@@ -196,7 +218,7 @@ def build(results: Path, gpu: Path | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", type=Path, default=None, help="results folder (default: today's for this machine)")
-    parser.add_argument("--gpu-dir", type=Path, default=None, help="a folder with gpu_kernels.json from an H200 run")
+    parser.add_argument("--gpu-dir", type=Path, default=None, help="a folder with gpu_kernels.json / gpu_decode.json from an H200 run")
     args = parser.parse_args(argv)
     results = args.dir or results_dir()
     text = build(results, args.gpu_dir)

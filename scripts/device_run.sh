@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole device session in one command (the `device` tool's machine: python3 with torch and
 # triton, packages the project adds carried as wheels in .whl/): kernel checks, GPU benchmarks and
-# the CUDA-marked tests. Everything it writes lands in $OUT.
+# the CUDA-marked tests. Run scripts/device_prep.sh here first and carry .device (and .whl).
+# Everything it writes lands in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" >/dev/null; then

@@ -45,3 +45,18 @@ def test_llama_cpp_rows_or_the_reason_it_was_not_measured(tmp_path):
         {"unavailable": "llama-cpp-python is not installed: pip install -e '.[llamacpp]' builds it"})))
     lines = build(tmp_path).splitlines()
     assert "| decode | vs llama.cpp: not measured (llama-cpp-python is not installed) |  |  |  |  |  |  |" in lines
+
+
+def test_gpu_decode_rows(tmp_path):
+    run = {"shape": "smollm2-135m", "dtype": "bfloat16", "bandwidth_bound_tokens_per_s": 4000.0,
+           "ours": {"batch1_prompt128_tokens_per_s": 200.0, "concurrent8_aggregate_decode_tokens_per_s": 1200.0},
+           "transformers": {"batch1_prompt128_tokens_per_s": 100.0, "batch8_decode_tokens_per_s": 500.0},
+           "ratios": {"batch1_vs_transformers": 2.0, "batch1_fraction_of_bandwidth_bound": 0.05}}
+    (tmp_path / "gpu_decode.json").write_text(json.dumps(
+        {"runs": [run], "agreement": {"prompts": 3, "tokens": 96, "equal_tokens": 90, "identical_sequences": False}}))
+    lines = build(tmp_path / "cpu", gpu=tmp_path).splitlines()
+    name = "GPU end-to-end decode, smollm2-135m shape (random weights) bfloat16"
+    assert f"| gpu decode | {name}, batch 1 vs transformers | tok/s | 200 | 100 | 2 |  |  |" in lines
+    assert f"| gpu decode | {name}, 8 concurrent (aggregate) vs our batch 1 | tok/s | 1.2e+03 | 200 | 6 |  |  |" in lines
+    assert "| gpu decode | GPU vs CPU greedy tokens, 135M shape fp32 | tokens | 90 | 96 | 0.938 |  |  |" in lines
+    assert "| gpu kernels | not run (no `gpu_kernels.json`) | | | | | | |" in lines
