@@ -80,12 +80,33 @@ def _spec(d: dict) -> Iterator[Row]:
             target, ok = ">= 1.5x", r["speedup_vs_none"] >= 1.5
         elif learned and r["kind"] == "chat" and r["concurrency"] == 1:
             target, ok = "> 1x", r["speedup_vs_none"] > 1.0
+        elif budget == "adaptive":
+            target, ok = ">= 1x (adaptive never below none)", r["speedup_vs_none"] >= 1.0
         yield (f"speculation {r['spec']} k={r['spec_tokens']} {budget}, {where} vs none",
                "tok/s", r["tokens_per_s"], r["tokens_per_s"] / r["speedup_vs_none"], r["speedup_vs_none"], target, ok)
         if learned and r["kind"] == "chat" and r["spec_tokens"] == 7:
             length = r["mean_acceptance_length"]
             yield (f"{r['spec']} mean acceptance length, block 8, {where}", "tokens/verify", length, None, None,
                    ">= 2.0", length >= 2.0)
+    yield from _adaptive_vs_best_fixed(d["rows"])
+
+
+def _adaptive_vs_best_fixed(rows: list[dict]) -> Iterator[Row]:
+    """Each adaptive row against the best fixed draft length of the same drafter, kind and
+    concurrency in the same run (when the run has fixed lengths)."""
+    def key(r: dict) -> tuple:
+        return r["spec"], r["kind"], r["concurrency"], r.get("attention", "dense")
+
+    for r in rows:
+        if r.get("verify_budget") != "adaptive":
+            continue
+        fixed = [f for f in rows if key(f) == key(r) and f.get("verify_budget", "fixed") == "fixed"]
+        if not fixed:
+            continue
+        best = max(fixed, key=lambda f: f["tokens_per_s"])
+        ratio = r["tokens_per_s"] / best["tokens_per_s"]
+        yield (f"{r['spec']} adaptive vs best fixed (k={best['spec_tokens']}), {r['kind']} c={r['concurrency']}",
+               "tok/s", r["tokens_per_s"], best["tokens_per_s"], ratio, ">= 0.95", ratio >= 0.95)
 
 
 def _transfer(d: dict) -> Iterator[Row]:
@@ -179,6 +200,8 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "verify budget": ("verify_budget/spec.json", _spec),
     "verify budget, drafter cost priced": ("spec_budget_calibrated.json", _spec),
     "adaptive budget, lazy drafter observation": ("spec_adaptive_lazy_observe.json", _spec),
+    "adaptive budget, pooled acceptance, vs fixed lengths": ("spec_pooled_acceptance.json", _spec),
+    "adaptive budget, pooled acceptance, median of 3": ("spec_adaptive_repeats.json", _spec),
     "drafters": ("spec_drafters.json", _spec),
     "drafters, long documents": ("spec_drafters_longdoc.json", _spec),
     "transfer": ("transfer.json", _transfer),

@@ -60,3 +60,20 @@ def test_gpu_decode_rows(tmp_path):
     assert f"| gpu decode | {name}, 8 concurrent (aggregate) vs our batch 1 | tok/s | 1.2e+03 | 200 | 6 |  |  |" in lines
     assert "| gpu decode | GPU vs CPU greedy tokens, 135M shape fp32 | tokens | 90 | 96 | 0.938 |  |  |" in lines
     assert "| gpu kernels | not run (no `gpu_kernels.json`) | | | | | | |" in lines
+
+
+def test_adaptive_rows_against_none_and_the_best_fixed_length(tmp_path):
+    def row(spec, budget, k, tok_s):
+        return {"spec": spec, "verify_budget": budget, "spec_tokens": k, "kind": "chat", "concurrency": 4,
+                "tokens_per_s": tok_s, "speedup_vs_none": tok_s / 100.0, "mean_acceptance_length": 2.0}
+
+    rows = [row("none", "fixed", 0, 100.0), row("ngram", "fixed", 4, 120.0), row("ngram", "fixed", 8, 110.0),
+            row("ngram", "adaptive", 8, 118.0), row("dflash", "adaptive", 7, 99.0)]
+    (tmp_path / "spec_pooled_acceptance.json").write_text(json.dumps({"rows": rows}))
+    lines = build(tmp_path).splitlines()
+    name = "adaptive budget, pooled acceptance, vs fixed lengths"
+    assert (f"| {name} | ngram adaptive vs best fixed (k=4), chat c=4 | tok/s | 118 | 120 | 0.983 | >= 0.95 | PASS |"
+            in lines)
+    assert (f"| {name} | speculation dflash k=7 adaptive, chat c=4 vs none | tok/s | 99 | 100 | 0.99 | "
+            ">= 1x (adaptive never below none) | FAIL |") in lines
+    assert not any("dflash adaptive vs best fixed" in line for line in lines)  # no fixed dflash row in this run

@@ -35,6 +35,30 @@ def test_calibrated_costs_follow_what_serving_measures():
     assert costs.seconds_at(2) == pytest.approx(0.100)
 
 
+def test_calibrated_interpolation_matches_a_brute_force_reading_of_the_anchors():
+    """ratio_at: the measured anchors around log2(count), linearly on the log2 axis; the nearest
+    one beyond them; 1 with none (read from ``ratios``/``weights`` directly here)."""
+    import math
+    import random
+
+    rng = random.Random(5)
+    costs = CalibratedCosts(STEEP)
+    for _ in range(40):
+        costs.observe(rng.choice([1, 3, 8, 40, 300, 5000]), rng.uniform(0.001, 0.5))
+        seen = [i for i, w in enumerate(costs.weights) if w > 0]
+        for count in (1, 2, 3, 5, 8, 13, 40, 100, 300, 1000, 5000, 10**6):
+            x = min(math.log2(count), costs.MAX_LOG2)
+            below, above = [i for i in seen if i <= x], [i for i in seen if i >= x]
+            if not below or not above:
+                want = costs.ratios[(below or above)[-1 if below else 0]]
+            elif below[-1] == above[0]:
+                want = costs.ratios[below[-1]]
+            else:
+                lo, hi = below[-1], above[0]
+                want = costs.ratios[lo] + (costs.ratios[hi] - costs.ratios[lo]) * (x - lo) / (hi - lo)
+            assert costs.ratio_at(count) == pytest.approx(want)
+
+
 def test_expected_committed_is_one_plus_survival_products():
     assert expected_committed([]) == 1.0
     assert expected_committed([0.5, 0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25 + 0.125)

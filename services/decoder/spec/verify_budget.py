@@ -74,22 +74,23 @@ class CalibratedCosts:
         self.table = table
         self.ratios = [1.0] * (self.MAX_LOG2 + 1)
         self.weights = [0.0] * (self.MAX_LOG2 + 1)  # measurement weight each anchor has seen
+        self._seen: list[int] = []  # anchors with a measurement, ascending (the budget reads often)
 
     def _log2(self, count: int) -> float:
         return min(max(math.log2(max(count, 1)), 0.0), float(self.MAX_LOG2))
 
     def ratio_at(self, count: int) -> float:
         x = self._log2(count)
-        seen = [i for i, w in enumerate(self.weights) if w > 0]
+        seen = self._seen
         if not seen:
             return 1.0
-        below = [i for i in seen if i <= x]
-        above = [i for i in seen if i >= x]
-        if not below or not above:
-            return self.ratios[(below or above)[-1 if below else 0]]
-        lo, hi = below[-1], above[0]
-        if lo == hi:
+        i = bisect.bisect_right(seen, x)  # seen[i - 1] <= x < seen[i]
+        if i == 0:
+            return self.ratios[seen[0]]
+        lo = seen[i - 1]
+        if lo == x or i == len(seen):
             return self.ratios[lo]
+        hi = seen[i]
         frac = (x - lo) / (hi - lo)
         return self.ratios[lo] * (1 - frac) + self.ratios[hi] * frac
 
@@ -110,6 +111,8 @@ class CalibratedCosts:
             # the first measurement at an anchor replaces the neutral 1; later ones average in
             w = share if self.weights[index] == 0 else self.WEIGHT * share
             self.ratios[index] += w * (observed - self.ratios[index])
+            if self.weights[index] == 0:
+                bisect.insort(self._seen, index)
             self.weights[index] += share
 
 
