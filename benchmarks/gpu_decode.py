@@ -70,35 +70,20 @@ def export_tokenizer(gguf_path: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
-def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """Hugging Face tensor names -> shapes of a llama model with ``cfg`` (tied embeddings)."""
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    head_dim = h // cfg["num_attention_heads"]
-    kv = cfg["num_key_value_heads"] * head_dim
-    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], h), "model.norm.weight": (h,)}
-    for n in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{n}."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                       p + "self_attn.q_proj.weight": (h, h), p + "self_attn.k_proj.weight": (kv, h),
-                       p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
-                       p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                       p + "mlp.down_proj.weight": (h, i)})
-    if not cfg.get("tie_word_embeddings", False):
-        shapes["lm_head.weight"] = (cfg["vocab_size"], h)
-    return shapes
-
-
 def write_random_model(cfg: dict, tokenizer_dir: str | Path, out_dir: str | Path, dtype: torch.dtype,
                        seed: int = 0, std: float = WEIGHT_STD) -> Path:
     """A Hugging Face directory: ``cfg`` as config.json, the tokenizer files, and seeded random
     weights (norm weights 1, every matrix normal with ``std``) in ``dtype``."""
     from safetensors.torch import save_file
 
+    from services.decoder.model.loader import expected_weight_shapes
+    from services.decoder.model.safetensors_loader import config_from_hf
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
-    for name, shape in weight_shapes(cfg).items():
+    for name, shape in expected_weight_shapes(config_from_hf(cfg)).items():
         if name.endswith("norm.weight"):
             tensors[name] = torch.ones(shape, dtype=dtype)
         else:
@@ -133,6 +118,7 @@ def bench_shape(model_dir: Path, device: str, dtype_name: str, decode_tokens: in
               kv_cache_tokens=most * max_len, max_model_len=max_len)
     weight_bytes = llm.engine.model.weight_bytes_per_step
     short = _prompts(llm.tokenizer, 1, 128)[0]
+    batch8 = _prompts(llm.tokenizer, 8, 128)  # equal lengths: transformers decodes them unpadded
     bench_ours(llm, short, 8, 1)  # warm-up
     ours = {"batch1_prompt128_tokens_per_s": bench_ours(llm, short, decode_tokens, 2)}
     for count in concurrency:
@@ -145,7 +131,7 @@ def bench_shape(model_dir: Path, device: str, dtype_name: str, decode_tokens: in
 
         hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval().to(device)
         peer = {"batch1_prompt128_tokens_per_s": bench_transformers(hf, [short], decode_tokens, 2),
-                "batch8_decode_tokens_per_s": bench_transformers(hf, _prompts_like(short, 8), decode_tokens, 1)}
+                "batch8_decode_tokens_per_s": bench_transformers(hf, batch8, decode_tokens, 1)}
         del hf
     bound = measured_read_bandwidth_bytes_per_s(device) / weight_bytes
     ratios = {"batch1_vs_transformers": ours["batch1_prompt128_tokens_per_s"] / peer["batch1_prompt128_tokens_per_s"]
@@ -153,11 +139,6 @@ def bench_shape(model_dir: Path, device: str, dtype_name: str, decode_tokens: in
               "batch1_fraction_of_bandwidth_bound": ours["batch1_prompt128_tokens_per_s"] / bound}
     return {"dtype": dtype_name, "weight_bytes_per_step": weight_bytes, "bandwidth_bound_tokens_per_s": bound,
             "ours": ours, "transformers": peer, "ratios": ratios}
-
-
-def _prompts_like(prompt: list[int], count: int) -> list[list[int]]:
-    """``count`` prompts of ``prompt``'s length (rotations: no shared prefix to exploit)."""
-    return [prompt[i:] + prompt[:i] for i in range(count)]
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -23,8 +23,10 @@ def test_the_135m_shape_is_the_default_models(loaded_model):
         shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"], shape["num_attention_heads"],
         shape["num_key_value_heads"], shape["vocab_size"], shape["rope_theta"], shape["tie_word_embeddings"],
         shape["max_position_embeddings"])
-    names = gpu_decode.weight_shapes(shape)
-    assert {n: tuple(t.shape) for n, t in loaded_model.weights.items()} == names
+    from services.decoder.model.loader import expected_weight_shapes
+    from services.decoder.model.safetensors_loader import config_from_hf
+
+    assert expected_weight_shapes(config_from_hf(shape)) == expected_weight_shapes(cfg)
 
 
 def test_the_exported_tokenizer_is_the_ggufs(loaded_model, tokenizer_dir):
