@@ -88,7 +88,20 @@ def _spec(d: dict) -> Iterator[Row]:
             length = r["mean_acceptance_length"]
             yield (f"{r['spec']} mean acceptance length, block 8, {where}", "tokens/verify", length, None, None,
                    ">= 2.0", length >= 2.0)
+        if learned and budget == "fixed" and r["mean_acceptance_length"] and r["speedup_vs_none"]:
+            yield from _break_even(r, where)
     yield from _adaptive_vs_best_fixed(d["rows"])
+
+
+def _break_even(r: dict, where: str) -> Iterator[Row]:
+    """A fixed-length row's measured acceptance against the acceptance at which the same step
+    costs would break even with no speculation. Every step of a fixed-length run verifies a full
+    draft and pays the drafter, so its cost per step does not depend on how much is accepted:
+    tok/s = length / step cost, hence break-even length = measured length / speedup."""
+    length = r["mean_acceptance_length"]
+    needed = length / r["speedup_vs_none"]
+    yield (f"{r['spec']} k={r['spec_tokens']} fixed, {where}: acceptance length vs the length this run's "
+           "step costs need for 1x", "tokens/verify", length, needed, r["speedup_vs_none"], "", None)
 
 
 def _adaptive_vs_best_fixed(rows: list[dict]) -> Iterator[Row]:

@@ -77,3 +77,20 @@ def test_adaptive_rows_against_none_and_the_best_fixed_length(tmp_path):
     assert (f"| {name} | speculation dflash k=7 adaptive, chat c=4 vs none | tok/s | 99 | 100 | 0.99 | "
             ">= 1x (adaptive never below none) | FAIL |") in lines
     assert not any("dflash adaptive vs best fixed" in line for line in lines)  # no fixed dflash row in this run
+
+
+def test_fixed_learned_rows_show_the_acceptance_their_step_costs_need(tmp_path):
+    """A fixed k=7 run at 0.6x no speculation with 1.5 tokens per verify pays 2.5 plain steps per
+    verify step (1.5 / 0.6), so it would break even at 2.5 tokens per verify."""
+    rows = [{"spec": "none", "verify_budget": "fixed", "spec_tokens": 0, "kind": "chat", "concurrency": 1,
+             "tokens_per_s": 100.0, "speedup_vs_none": 1.0, "mean_acceptance_length": 1.0},
+            {"spec": "dspark", "verify_budget": "fixed", "spec_tokens": 7, "kind": "chat", "concurrency": 1,
+             "tokens_per_s": 60.0, "speedup_vs_none": 0.6, "mean_acceptance_length": 1.5},
+            {"spec": "dspark", "verify_budget": "adaptive", "spec_tokens": 7, "kind": "chat", "concurrency": 1,
+             "tokens_per_s": 99.0, "speedup_vs_none": 0.99, "mean_acceptance_length": 1.2}]
+    (tmp_path / "spec_pooled_acceptance.json").write_text(json.dumps({"rows": rows}))
+    lines = build(tmp_path).splitlines()
+    name = "adaptive budget, pooled acceptance, vs fixed lengths"
+    assert (f"| {name} | dspark k=7 fixed, chat c=1: acceptance length vs the length this run's step costs need "
+            "for 1x | tokens/verify | 1.5 | 2.5 | 0.6 |  |  |") in lines
+    assert sum("step costs need" in line for line in lines) == 1  # not for the adaptive row: its steps vary
