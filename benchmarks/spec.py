@@ -88,41 +88,84 @@ def parse_settings(text: str) -> list[tuple[str, int, str]]:
     return settings
 
 
-def run_setting(loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
-                budget: str = "fixed", attention: str = "dense", repeats: int = 1) -> dict:
-    """The prompts decoded ``repeats`` times in a row on one engine (as a server would: the
-    adaptive budget's estimates and calibration carry over); tok/s is the median run's."""
-    from dhisparse import LLM, SamplingParams
+class SettingRun:
+    """One setting's engine for one batch of prompts. Each ``run()`` decodes the prompts once on
+    the same engine (as a server would: the adaptive budget's estimates and calibration carry
+    over); ``figures()`` sums them up, with tok/s of the median run."""
 
-    # pool sized for this batch only: each LLM preallocates (and touches) its whole hot pool
-    needed = sum(len(p) + max_tokens + 2 * 16 + spec_tokens for p in prompts)
-    capacity = max(-(-needed // 16) * 16, 8192)
-    llm = LLM(loaded=loaded, spec=spec, spec_tokens=spec_tokens, max_num_batched_tokens=1024, verify_budget=budget,
-              kv_cache_tokens=capacity, max_model_len=min(capacity, loaded.config.max_position_embeddings),
-              **(SPARSE if attention == "sparse" else {}))
-    params = SamplingParams(max_tokens=max_tokens)
-    # warm-up: builds the packed-GEMM weights for the row counts verify steps use (lazy, see model/linear.py)
-    llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))
-    rates, accepted, verify_steps, outputs = [], 0, 0, None
-    for _ in range(repeats):
+    def __init__(self, loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
+                 budget: str = "fixed", attention: str = "dense"):
+        from dhisparse import LLM, SamplingParams
+
+        self.name = f"{spec}:{spec_tokens}:{budget}"
+        self.prompts = prompts
+        # pool sized for this batch only: each LLM preallocates (and touches) its whole hot pool
+        needed = sum(len(p) + max_tokens + 2 * 16 + spec_tokens for p in prompts)
+        capacity = max(-(-needed // 16) * 16, 8192)
+        self.llm = LLM(loaded=loaded, spec=spec, spec_tokens=spec_tokens, max_num_batched_tokens=1024,
+                       verify_budget=budget, kv_cache_tokens=capacity,
+                       max_model_len=min(capacity, loaded.config.max_position_embeddings),
+                       **(SPARSE if attention == "sparse" else {}))
+        self.params = SamplingParams(max_tokens=max_tokens)
+        # warm-up: builds the packed-GEMM weights for the row counts verify steps use (lazy, see model/linear.py)
+        self.llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))
+        self.rates: list[float] = []
+        self.accepted = self.verify_steps = 0
+        self.outputs: list[list[int]] | None = None
+
+    def run(self) -> None:
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params)
+        outs = self.llm.generate(self.prompts, self.params)
         wall = time.perf_counter() - t0
-        rates.append(sum(len(o.token_ids) for o in outs) / wall)
-        accepted += sum(o.stats["accepted_tokens"] for o in outs)
-        verify_steps += sum(o.stats["num_verify_steps"] for o in outs)
-        run_outputs = [o.token_ids for o in outs]
-        if outputs is not None and run_outputs != outputs:
-            raise RuntimeError(f"{spec}:{spec_tokens}:{budget}: greedy outputs differ between repeats")
-        outputs = run_outputs
-    return {
-        "tokens": sum(len(o) for o in outputs),
-        "tokens_per_s": statistics.median(rates),
-        "tokens_per_s_runs": rates,
-        # tokens committed per verify step, bonus included (0 when nothing was verified)
-        "mean_acceptance_length": (accepted + verify_steps) / verify_steps if verify_steps else 0.0,
-        "outputs": outputs,
-    }
+        self.rates.append(sum(len(o.token_ids) for o in outs) / wall)
+        self.accepted += sum(o.stats["accepted_tokens"] for o in outs)
+        self.verify_steps += sum(o.stats["num_verify_steps"] for o in outs)
+        outputs = [o.token_ids for o in outs]
+        if self.outputs is not None and outputs != self.outputs:
+            raise RuntimeError(f"{self.name}: greedy outputs differ between repeats")
+        self.outputs = outputs
+
+    def figures(self) -> dict:
+        steps = self.verify_steps
+        return {
+            "tokens": sum(len(o) for o in self.outputs),
+            "tokens_per_s": statistics.median(self.rates),
+            "tokens_per_s_runs": self.rates,
+            # tokens committed per verify step, bonus included (0 when nothing was verified)
+            "mean_acceptance_length": (self.accepted + steps) / steps if steps else 0.0,
+            "outputs": self.outputs,
+        }
+
+    def close(self) -> None:
+        self.llm = None
+
+
+def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: list[tuple[str, int, str]],
+                 attention: str = "dense", repeats: int = 1, interleave: bool = False):
+    """Yields ``(setting, figures)`` per setting, in order. Sequential: each setting's engine is
+    built, run ``repeats`` times and dropped before the next. Interleaved: every setting's
+    engine is built first and the repeats go round-robin over them (none, a, b, none, a, b, ...),
+    so that slow drift of the machine (other load, memory placement) falls on every setting
+    alike rather than on whichever ran during it; it holds all the engines at once."""
+    def build(setting):
+        spec, spec_tokens, budget = setting
+        return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention)
+
+    if not interleave:
+        for setting in settings:
+            run = build(setting)
+            for _ in range(repeats):
+                run.run()
+            run.close()
+            yield setting, run.figures()
+        return
+    runs = [build(setting) for setting in settings]
+    for _ in range(repeats):
+        for run in runs:
+            run.run()
+    for setting, run in zip(settings, runs):
+        run.close()
+        yield setting, run.figures()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma list of spec[:draft tokens[:fixed|adaptive]], the first 'none'")
     parser.add_argument("--attention", default="dense", help="dense, sparse or dense,sparse")
     parser.add_argument("--repeats", type=int, default=1, help="runs per setting on one engine; median tok/s")
+    parser.add_argument("--interleave", action="store_true",
+                        help="build every setting's engine first and run the repeats round-robin over them")
     parser.add_argument("--name", default="spec", help="output file stem")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -151,10 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             for concurrency in concurrencies:
                 prompts = build_prompts(loaded.tokenizer, kind, concurrency)
                 base = None
-                for spec, spec_tokens, budget in settings:
-                    bar.set_postfix_str(f"{attention} {kind} c={concurrency} {spec}:{spec_tokens}:{budget}")
-                    figures = run_setting(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1), budget, attention,
-                                          args.repeats)
+                for (spec, spec_tokens, budget), figures in run_settings(loaded, prompts, args.max_tokens, settings,
+                                                                         attention, args.repeats, args.interleave):
                     outputs = figures.pop("outputs")
                     if base is None:
                         base = (figures["tokens_per_s"], outputs)
@@ -181,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "spec", "machine": machine_info(), "model": str(loaded.source),
               "settings": {"max_tokens": args.max_tokens, "dtype": "float32", "attention": args.attention,
                            "sparse": SPARSE, "drafter_settings": args.settings, "threads": torch.get_num_threads(),
-                           "repeats": args.repeats},
+                           "repeats": args.repeats, "interleave": args.interleave},
               "rows": rows, "targets": targets}
     out_dir = Path(args.out) if args.out else results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,53 @@
+"""benchmarks.spec's run protocol: sequential vs interleaved repeats, on the real engine."""
+
+from benchmarks import spec as bench
+
+
+def test_interleaved_repeats_go_round_robin_and_sequential_ones_do_not(monkeypatch):
+    order = []
+
+    class FakeRun:
+        def __init__(self, loaded, prompts, max_tokens, spec, spec_tokens, budget, attention):
+            self.name = f"{spec}:{spec_tokens}:{budget}"
+            order.append(("build", self.name))
+            self.count = 0
+
+        def run(self):
+            order.append(("run", self.name))
+            self.count += 1
+
+        def close(self):
+            order.append(("close", self.name))
+
+        def figures(self):
+            return {"runs": self.count}
+
+    monkeypatch.setattr(bench, "SettingRun", FakeRun)
+    settings = bench.parse_settings("none,ngram:4,dflash:7:adaptive")
+    names = ["none:1:fixed", "ngram:4:fixed", "dflash:7:adaptive"]
+
+    got = list(bench.run_settings(None, [[1]], 8, settings, repeats=2, interleave=True))
+    assert [s for s, _ in got] == settings and all(f == {"runs": 2} for _, f in got)
+    runs = [name for what, name in order if what == "run"]
+    assert runs == names * 2
+    assert [what for what, _ in order[:3]] == ["build"] * 3  # every engine exists before the first run
+
+    order.clear()
+    got = list(bench.run_settings(None, [[1]], 8, settings, repeats=2, interleave=False))
+    assert [f for _, f in got] == [{"runs": 2}] * 3
+    assert [name for what, name in order if what == "run"] == [n for n in names for _ in range(2)]
+    assert order[:4] == [("build", names[0]), ("run", names[0]), ("run", names[0]), ("close", names[0])]
+
+
+def test_interleaved_runs_are_lossless_on_the_real_engine(loaded_model):
+    """Two engines alive at once, alternating: greedy n-gram output equals no speculation and
+    each engine's repeats agree (SettingRun raises otherwise)."""
+    tok = loaded_model.tokenizer
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": "Count from 1 to 12."}]),
+                          add_special_tokens=False)]
+    got = dict(bench.run_settings(loaded_model, prompts, 24, bench.parse_settings("none,ngram:4"), repeats=2,
+                                  interleave=True))
+    none, ngram = got[("none", 0, "fixed")], got[("ngram", 4, "fixed")]
+    assert ngram["outputs"] == none["outputs"] and len(none["outputs"][0]) == 24
+    assert len(none["tokens_per_s_runs"]) == len(ngram["tokens_per_s_runs"]) == 2
+    assert ngram["mean_acceptance_length"] > 1.0 and none["mean_acceptance_length"] == 0.0
