@@ -49,6 +49,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seqs-per-step", type=int, default=4)
     p.add_argument("--anchors-per-seq", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--validation-percent", type=float, default=2.0,
+                   help="share of the training sequences kept out of training to choose the shipped weights (0: none)")
+    p.add_argument("--validate-every-minutes", type=float, default=10.0,
+                   help="score the drafter on the validation sequences this often (the best weights are shipped)")
     p.add_argument("--resume", action="store_true", help="continue training from the run's saved state")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
     p.add_argument("--log-file", type=Path, default=None)
@@ -72,14 +76,16 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is None and args.minutes is None:
         raise ValueError("give --minutes (a training time budget) or --steps")
     train = TrainOptions(steps=args.steps, minutes=args.minutes, lr=args.lr, seqs_per_step=args.seqs_per_step,
-                         anchors_per_seq=args.anchors_per_seq, seed=args.seed)
+                         anchors_per_seq=args.anchors_per_seq, seed=args.seed,
+                         validate_every_s=args.validate_every_minutes * 60)
     opts = PipelineOptions(
         kind=args.kind, out=args.out, data_dir=args.data_dir, run_dir=args.run_dir, num_prompts=args.num_prompts,
         distill_minutes=args.distill_minutes, concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
         text_files=list(args.text_files), num_layers=args.layers, block_size=args.block_size,
         target_layers=args.target_layers or DEFAULT_TARGET_LAYERS, intermediate_size=args.intermediate_size,
         markov_rank=args.markov_rank, context_window=args.context_window, init_from=args.init_from,
-        init_target=args.init_target_layers, resume=args.resume, progress=not args.no_progress, train=train,
+        init_target=args.init_target_layers, resume=args.resume, validation_percent=args.validation_percent,
+        progress=not args.no_progress, train=train,
     )
     run_pipeline(opts)
     return 0

@@ -35,6 +35,11 @@ from services.decoder.spec.training.trainer import (
     init_trainable,
     sequence_loss,
 )
+from services.decoder.spec.training.validation import (
+    is_validation,
+    split_validation,
+    validation_bucket,
+)
 
 TINY = {"num_layers": 1, "intermediate_size": 128, "block_size": 8, "target_layers": (3, 20)}
 
@@ -221,3 +226,71 @@ def test_the_draft_vocabulary_is_seen_tokens_by_frequency_then_low_ids():
     assert draft_vocabulary(seqs, 2, 20) == [9, 5]
     with pytest.raises(ValueError, match="size"):
         draft_vocabulary(seqs, 21, 20)
+
+
+def test_validation_split_is_stable_disjoint_and_sized_by_percent():
+    seqs = [Sequence(f"chat-{i:05d}", "chat", "train", torch.arange(4), torch.zeros(4, 2), 1) for i in range(4000)]
+    train, validation = split_validation(seqs, 5.0)
+    assert {s.key for s in train}.isdisjoint(s.key for s in validation)
+    assert len(train) + len(validation) == len(seqs)
+    assert 150 <= len(validation) <= 250  # 5% of 4,000 keys by a hash
+    again = split_validation(list(reversed(seqs)), 5.0)[1]
+    assert sorted(s.key for s in again) == sorted(s.key for s in validation)
+    assert split_validation(seqs, 0.0)[1] == []
+    with pytest.raises(ValueError, match="percent"):
+        split_validation(seqs, 100.0)
+
+
+def test_trainer_ships_the_best_validated_weights_and_resumes_the_choice(llm, trained, tmp_path):
+    """A scripted scorer (2nd of 4 steps best): ``select_best`` restores exactly the step-2
+    weights; an interrupted run resumed from its state makes the same choice."""
+    _, opts, _ = trained
+    train, _ = load_dataset(opts.data_dir, opts.target_layers, 8)
+    cfg = default_config("dflash", llm.engine.model.config, **TINY)
+    embed = llm.engine.model.embed_tokens.float()
+    options = TrainOptions(steps=4, seqs_per_step=2, anchors_per_seq=3, warmup_steps=1, validate_every_s=0.0)
+    scores = {1: 1.5, 2: 2.0, 3: 1.2, 4: 1.9}
+
+    def run(run_dir, seen, stop_after=None, resume=False):
+        torch.manual_seed(2)
+        trainer = Trainer(DraftNet(cfg), embed, train, options, run_dir, resume=resume)
+
+        def scripted(net):  # remembers the weights it scored
+            seen[trainer.step] = {k: v.clone() for k, v in net.state_dict().items()}
+            return scores[trainer.step]
+
+        trainer.validate = scripted
+        trainer.train(progress=False, stop_after=stop_after)
+        return trainer
+
+    seen = {}
+    trainer = run(tmp_path / "a", seen)
+    choice = trainer.select_best()
+    assert choice["step"] == 2 and choice["score"] == 2.0 and [h["step"] for h in choice["history"]] == [1, 2, 3, 4]
+    for name, value in trainer.net.state_dict().items():
+        assert torch.equal(value, seen[2][name]), name
+    assert not torch.equal(seen[2]["fc.weight"], seen[4]["fc.weight"])  # the choice mattered
+
+    run(tmp_path / "b", {}, stop_after=2)
+    resumed = run(tmp_path / "b", {}, resume=True)
+    assert resumed.select_best()["step"] == 2
+    for name, value in resumed.net.state_dict().items():
+        assert torch.equal(value, seen[2][name]), name
+
+
+def test_pipeline_validates_on_training_sequences_it_does_not_train_on(llm, trained, tmp_path):
+    tmp, opts, _ = trained
+    train, _ = load_dataset(opts.data_dir, opts.target_layers, 8)
+    first = min(validation_bucket(s.key) for s in train)
+    percent = (first + 1) / 100  # exactly the sequences in the lowest bucket move to validation
+    validation = [s for s in train if is_validation(s.key, percent)]
+    assert 1 <= len(validation) < len(train)
+    options = tiny_options(tmp, steps=2, validate_every_s=0.0)
+    options.out, options.run_dir, options.validation_percent = tmp_path / "out", tmp_path / "run", percent
+    facts = run_pipeline(options, llm=llm)
+    assert facts["train_sequences"] == len(train) - len(validation)
+    v = facts["validation"]
+    assert v["sequences"] == len(validation) and [h["step"] for h in v["history"]] == [1, 2]
+    assert v["step"] in (1, 2) and v["score"] == max(h["score"] for h in v["history"])
+    assert f"step {v['step']} of 2, the best of 2 validation scores" in (tmp_path / "out" / "README.md").read_text()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dhisparse"]["validation"]["step"] == v["step"]

@@ -39,6 +39,7 @@ from services.decoder.spec.training.features import FeatureStore, extract_featur
 from services.decoder.spec.training.prompts import build_prompts
 from services.decoder.spec.training.target_init import init_from_target
 from services.decoder.spec.training.trainer import Trainer, TrainOptions, init_trainable
+from services.decoder.spec.training.validation import split_validation
 
 log = logging.getLogger("dhisparse.train_drafter")
 
@@ -68,6 +69,7 @@ class PipelineOptions:
     init_target: bool = False  # start the draft layers as copies of the target's last layers
     run_dir: Path | None = None  # training state; default <data_dir>/runs/<out folder name>
     resume: bool = False
+    validation_percent: float = 2.0  # of the training sequences, held out of training to pick the weights
     progress: bool = True
     train: TrainOptions = field(default_factory=TrainOptions)
 
@@ -157,6 +159,7 @@ to the built-in prompt set (chat / code / stdlib-doc prompts).
   ({facts['train_tokens']} tokens with prompts); held out by prompt source: {facts['heldout_sequences']} sequences.
 - Training: {facts['steps']} steps, {facts['train_minutes']:.1f} min on {facts['device']}
   ({facts['drafted_positions_seen']} drafted positions seen); initialisation: {facts['init']}.
+- Weights: {_selection_line(facts)}
 
 ## Held-out acceptance (greedy, block {cfg.block_size}, {ev['draft']['anchors']} answer anchors)
 
@@ -173,6 +176,15 @@ Mean acceptance length = 1 + leading drafted tokens equal to the target's greedy
 """
 
 
+def _selection_line(facts: dict) -> str:
+    v = facts.get("validation") or {}
+    if v.get("step") is None:
+        return "the last step's (no validation sequences)."
+    return (f"step {v['step']} of {facts['steps']}, the best of {len(v['history'])} validation scores "
+            f"(mean acceptance length {v['score']:.3f} on {v['sequences']} training-split sequences kept out of "
+            "training).")
+
+
 def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     """Runs every stage; returns the training facts written into the checkpoint."""
     if llm is None:
@@ -185,7 +197,9 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
                          markov_rank=opts.markov_rank, context_window=opts.context_window)
     data = prepare_data(llm, opts)
     train, heldout = load_dataset(opts.data_dir, cfg.target_layer_ids, cfg.block_size)
-    log.info("data: %s; %d train / %d held-out sequences with anchors", data, len(train), len(heldout))
+    train, validation = split_validation(train, opts.validation_percent)
+    log.info("data: %s; %d train / %d validation / %d held-out sequences with anchors", data, len(train),
+             len(validation), len(heldout))
     torch.manual_seed(opts.train.seed)
     net = DraftNet(cfg)
     init_trainable(net, opts.train.seed)
@@ -196,18 +210,25 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
         init = f"warm start from {opts.init_from} ({len(warm_start(net, opts.init_from))} tensors)"
     log.info("initialisation: %s", init)
     embed = model.embed_tokens.detach().float()
-    run_dir = opts.run_dir or opts.data_dir / "runs" / Path(opts.out).name
-    trainer = Trainer(net, embed, train, opts.train, run_dir, resume=opts.resume)
-    metrics = trainer.train(progress=opts.progress)
-    log.info("trained %d steps in %.1f min: %s", trainer.step, trainer.elapsed_s / 60, metrics)
-    with torch.no_grad():  # evaluate what is shipped: the bf16-rounded weights
-        for p in net.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
     # what the shipped drafter drafts from (draft_vocab.json): the training set's tokens first
     vocab = draft_vocabulary([s.token_ids.tolist() for s in train], min(DRAFT_VOCAB_SIZE, cfg.vocab_size),
                              cfg.vocab_size)
+    vocab_ids = torch.tensor(vocab)
+
+    def validate(candidate: DraftNet) -> float:
+        return draft_acceptance(candidate, embed, validation, vocab=vocab_ids)["mean_acceptance_length"]
+
+    run_dir = opts.run_dir or opts.data_dir / "runs" / Path(opts.out).name
+    trainer = Trainer(net, embed, train, opts.train, run_dir, resume=opts.resume,
+                      validate=validate if validation else None)
+    metrics = trainer.train(progress=opts.progress)
+    log.info("trained %d steps in %.1f min: %s", trainer.step, trainer.elapsed_s / 60, metrics)
+    selection = trainer.select_best()
+    with torch.no_grad():  # evaluate what is shipped: the bf16-rounded weights
+        for p in net.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
     started = time.monotonic()
-    acceptance = evaluate(net, embed, heldout, torch.tensor(vocab))
+    acceptance = evaluate(net, embed, heldout, vocab_ids)
     log.info("held-out acceptance (%.1f min): draft %.3f, n-gram %.3f over %d anchors", (time.monotonic() - started) / 60,
              acceptance["draft"]["mean_acceptance_length"], acceptance["ngram"]["mean_acceptance_length"],
              acceptance["draft"]["anchors"])
@@ -221,6 +242,8 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
         "init_from": str(opts.init_from) if opts.init_from else None, "init": init,
         "options": {k: v for k, v in asdict(opts.train).items()},
         "heldout_acceptance": acceptance, "draft_vocab_size": len(vocab),
+        "validation": {"sequences": len(validation), "percent_of_train": opts.validation_percent,
+                       **(selection or {"step": None})},
     }
     save_checkpoint(net, opts.out, dtype=torch.bfloat16, extra=facts)
     write_draft_vocab(opts.out, vocab)

@@ -17,6 +17,11 @@ re-fitted every ``recalibrate_steps`` to the remaining budget (step times vary o
 Everything needed to continue (network, optimizer, step, schedule, elapsed time, sampling RNG)
 is saved atomically to ``<run_dir>/train_state.pt`` every ``save_every_s`` seconds and at the end;
 ``Trainer(..., resume=True)`` continues from it exactly.
+
+With a ``validate`` scorer (``validation.py``: mean acceptance length on validation sequences
+carved out of the training split) the network is scored every ``validate_every_s`` seconds of
+wall time (validation time is not charged to the training budget) and the best weights are kept;
+``select_best()`` scores the final weights too and restores the best.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +40,7 @@ from tqdm import tqdm
 
 from services.decoder.spec.dflash.model import DraftNet
 from services.decoder.spec.training.dataset import Sequence
+from services.decoder.spec.training.validation import BestSnapshot
 
 STATE_FILE = "train_state.pt"
 log = logging.getLogger("dhisparse.train_drafter")
@@ -56,6 +63,7 @@ class TrainOptions:
     grad_clip: float = 1.0
     save_every_s: float = 120.0
     log_every_s: float = 60.0
+    validate_every_s: float | None = None  # with a validate scorer; None: only at the end
     seed: int = 0
 
 
@@ -104,7 +112,7 @@ def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: to
 
 class Trainer:
     def __init__(self, net: DraftNet, embed: torch.Tensor, sequences: list[Sequence], options: TrainOptions,
-                 run_dir: str | Path, resume: bool = False):
+                 run_dir: str | Path, resume: bool = False, validate: Callable[[DraftNet], float] | None = None):
         size = net.cfg.block_size
         self.sequences = [s for s in sequences if s.num_anchors(size) > 0]
         if not self.sequences:
@@ -122,6 +130,8 @@ class Trainer:
         self.elapsed_s = 0.0
         self.tokens_seen = 0
         self.last_metrics: dict = {}
+        self.validate = validate
+        self.selection = BestSnapshot()
         if resume:
             self._load_state()
 
@@ -134,7 +144,7 @@ class Trainer:
         state = {"net": self.net.state_dict(), "optim": self.optim.state_dict(), "step": self.step,
                  "total_steps": self.total_steps, "elapsed_s": self.elapsed_s, "tokens_seen": self.tokens_seen,
                  "rng": self.gen.get_state(), "config": self.net.cfg.to_json(), "options": asdict(self.options),
-                 "last_metrics": self.last_metrics}
+                 "last_metrics": self.last_metrics, "selection": self.selection.state_dict()}
         tmp = self.state_path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.state_path)
@@ -152,6 +162,8 @@ class Trainer:
         self.tokens_seen = state["tokens_seen"]
         self.gen.set_state(state["rng"])
         self.last_metrics = state.get("last_metrics", {})
+        if state.get("selection"):
+            self.selection.load_state_dict(state["selection"])
 
     # ---- schedule ---------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -211,7 +223,7 @@ class Trainer:
         opt = self.options
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step", disable=not progress,
                    dynamic_ncols=True)
-        last_save = last_log = time.monotonic()
+        last_save = last_log = last_validation = time.monotonic()
         calib_start = (self.step, self.elapsed_s)
         done_now = 0
         try:
@@ -238,6 +250,10 @@ class Trainer:
                     eta = (self.total_steps - self.step) * self.elapsed_s / max(self.step, 1) if self.total_steps else float("nan")
                     log.info("step %d/%s %s eta %.1f min", self.step, self.total_steps,
                              " ".join(f"{k}={v:.4g}" for k, v in metrics.items()), eta / 60)
+                if (self.validate is not None and opt.validate_every_s is not None
+                        and time.monotonic() - last_validation >= opt.validate_every_s):
+                    self._score()
+                    last_validation = time.monotonic()
                 if time.monotonic() - last_save >= opt.save_every_s:
                     self.save_state()
                     last_save = time.monotonic()
@@ -245,3 +261,22 @@ class Trainer:
             bar.close()
             self.save_state()
         return self.last_metrics
+
+    # ---- model selection ----------------------------------------------------------------------
+    def _score(self) -> None:
+        score = self.validate(self.net)
+        best = self.selection.offer(self.step, self.elapsed_s / 60, score, self.net)
+        log.info("validation at step %d: mean acceptance length %.4f%s", self.step, score, " (best)" if best else "")
+
+    def select_best(self) -> dict | None:
+        """Scores the current weights (unless already scored at this step), restores the best
+        ones and returns ``{"step", "score", "history"}`` of the choice (None without a scorer)."""
+        if self.validate is None:
+            return None
+        if not self.selection.scored(self.step):
+            self._score()
+        self.selection.restore(self.net)
+        log.info("selected the weights of step %d (validation %.4f) of %d", self.selection.best_step,
+                 self.selection.best_score, self.step)
+        return {"step": self.selection.best_step, "score": self.selection.best_score,
+                "history": self.selection.history}
