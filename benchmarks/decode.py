@@ -147,11 +147,9 @@ def run(args: argparse.Namespace) -> dict:
 
     peer = {}
     if not args.skip_transformers:
-        from transformers import AutoModelForCausalLM
+        from benchmarks.peers.transformers_hf import load_transformers
 
-        hf_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-        hf = phase(bar, "transformers load", AutoModelForCausalLM.from_pretrained, str(model_path.parent),
-                   gguf_file=model_path.name, dtype=hf_dtype).eval().to(args.device)
+        hf = phase(bar, "transformers load", load_transformers, model_path, args.dtype, args.device)
         peer = {
             "batch1_prompt128_tokens_per_s": phase(bar, "transformers batch-1 prompt 128", bench_transformers, hf,
                                                    [short], args.decode_tokens, args.repeats),

@@ -122,6 +122,25 @@ def _adaptive_vs_best_fixed(rows: list[dict]) -> Iterator[Row]:
                "tok/s", r["tokens_per_s"], best["tokens_per_s"], ratio, ">= 0.95", ratio >= 0.95)
 
 
+def _spec_peer(d: dict) -> Iterator[Row]:
+    """Ours vs transformers at batch 1: tok/s per setting, and each engine's speculation speedup."""
+    for c in d["comparisons"]:
+        where = f"{c['kind']}, batch 1"
+        if c["compare"] == "none":
+            yield (f"no speculation vs transformers, {where}", "tok/s", c["ours_tokens_per_s"],
+                   c["transformers_tokens_per_s"], c["ratio"], "", None)
+            continue
+        label = ("best speculative setting" if c["compare"] == "best" else f"n-gram vs prompt lookup, {c['compare']}")
+        yield (f"{label} ({c['ours_setting']} vs {c['transformers_setting']}), {where}", "tok/s",
+               c["ours_tokens_per_s"], c["transformers_tokens_per_s"], c["ratio"], "", None)
+        yield (f"speedup over own no-speculation, {c['ours_setting']} vs {c['transformers_setting']}, {where}", "x",
+               c["ours_speedup"], c["transformers_speedup"], c["ours_speedup"] / c["transformers_speedup"], "", None)
+    rows = d["rows"]
+    for kind in sorted({r["kind"] for r in rows}):
+        agreement = next(r["outputs_equal_across_engines"] for r in rows if r["kind"] == kind)
+        yield (f"greedy outputs equal to transformers', {kind} prompts", "fraction", agreement, None, None, "", None)
+
+
 def _transfer(d: dict) -> Iterator[Row]:
     g = d["gib_per_s"]
     for name, base in (("write_back", "memcpy_to_shm"), ("fetch", "memcpy_from_shm")):
@@ -215,6 +234,7 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "adaptive budget, lazy drafter observation": ("spec_adaptive_lazy_observe.json", _spec),
     "adaptive budget, pooled acceptance, vs fixed lengths": ("spec_pooled_acceptance.json", _spec),
     "adaptive budget, pooled acceptance, median of 3": ("spec_adaptive_repeats.json", _spec),
+    "speculation vs transformers": ("spec_peer.json", _spec_peer),
     "drafters": ("spec_drafters.json", _spec),
     "drafters, long documents": ("spec_drafters_longdoc.json", _spec),
     "transfer": ("transfer.json", _transfer),

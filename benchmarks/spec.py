@@ -91,14 +91,16 @@ def parse_settings(text: str) -> list[tuple[str, int, str]]:
 class SettingRun:
     """One setting's engine for one batch of prompts. Each ``run()`` decodes the prompts once on
     the same engine (as a server would: the adaptive budget's estimates and calibration carry
-    over); ``figures()`` sums them up, with tok/s of the median run."""
+    over); ``figures()`` sums them up, with tok/s of the median run. ``one_at_a_time``: the
+    prompts are decoded one after another (batch 1) instead of together."""
 
     def __init__(self, loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
-                 budget: str = "fixed", attention: str = "dense"):
+                 budget: str = "fixed", attention: str = "dense", one_at_a_time: bool = False):
         from dhisparse import LLM, SamplingParams
 
         self.name = f"{spec}:{spec_tokens}:{budget}"
         self.prompts = prompts
+        self.one_at_a_time = one_at_a_time
         # pool sized for this batch only: each LLM preallocates (and touches) its whole hot pool
         needed = sum(len(p) + max_tokens + 2 * 16 + spec_tokens for p in prompts)
         capacity = max(-(-needed // 16) * 16, 8192)
@@ -115,7 +117,10 @@ class SettingRun:
 
     def run(self) -> None:
         t0 = time.perf_counter()
-        outs = self.llm.generate(self.prompts, self.params)
+        if self.one_at_a_time:
+            outs = [self.llm.generate([p], self.params)[0] for p in self.prompts]
+        else:
+            outs = self.llm.generate(self.prompts, self.params)
         wall = time.perf_counter() - t0
         self.rates.append(sum(len(o.token_ids) for o in outs) / wall)
         self.accepted += sum(o.stats["accepted_tokens"] for o in outs)
@@ -141,15 +146,16 @@ class SettingRun:
 
 
 def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: list[tuple[str, int, str]],
-                 attention: str = "dense", repeats: int = 1, interleave: bool = False):
+                 attention: str = "dense", repeats: int = 1, interleave: bool = False, one_at_a_time: bool = False):
     """Yields ``(setting, figures)`` per setting, in order. Sequential: each setting's engine is
     built, run ``repeats`` times and dropped before the next. Interleaved: every setting's
     engine is built first and the repeats go round-robin over them (none, a, b, none, a, b, ...),
     so that slow drift of the machine (other load, memory placement) falls on every setting
-    alike rather than on whichever ran during it; it holds all the engines at once."""
+    alike rather than on whichever ran during it; it holds all the engines at once.
+    ``one_at_a_time``: see ``SettingRun``."""
     def build(setting):
         spec, spec_tokens, budget = setting
-        return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention)
+        return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention, one_at_a_time)
 
     if not interleave:
         for setting in settings:

@@ -68,6 +68,7 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "context_sweep": "benchmarks.context_sweep",
     "sparse_quality": "benchmarks.sparse_quality.run",
     "spec": "benchmarks.spec",
+    "spec_peer": "benchmarks.spec_peer",
     "serve": "benchmarks.serve.run",
     "h200_projection": "benchmarks.h200_projection.run",
     "transfer": "benchmarks.transfer",
@@ -77,7 +78,7 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "soak": "benchmarks.soak.__main__",
     "report": "benchmarks.report",
 }
-ALL_ON_CPU = ("decode", "context_sweep", "sparse_quality", "spec", "serve", "transfer", "residency",
+ALL_ON_CPU = ("decode", "context_sweep", "sparse_quality", "spec", "spec_peer", "serve", "transfer", "residency",
               "selection_trace", "h200_projection", "report")  # `bench all`: every CPU benchmark, then report.md
 # (selection_trace before h200_projection: the projection reads the trace it writes)
 
