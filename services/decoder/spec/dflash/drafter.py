@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from services.decoder.model.linear import Linear
 from services.decoder.spec.dflash.checkpoint import (
     load_checkpoint,
     read_draft_vocab,
@@ -51,6 +52,10 @@ class DFlashDrafter(Drafter):
         self.embed = embed
         self.vocab = vocab
         self.lm_head = lm_head if vocab is None else lm_head[vocab].contiguous()
+        self.head = Linear(self.lm_head)  # packed GEMM for a block's rows (model/linear.py)
+        markov = net.markov_head
+        with torch.no_grad():  # the Markov head's successor rows of the draft vocabulary, gathered once
+            self.successors = None if markov is None or vocab is None else markov.successor_codebook[vocab].contiguous()
         self.feature_layers = tuple(net.cfg.target_layer_ids)
         self.dtype = net.fc.weight.dtype
         self.contexts: dict[str, DraftContext] = {}
@@ -134,7 +139,9 @@ class DFlashDrafter(Drafter):
         anchor_ids = torch.tensor([requests[i].token_ids[-1] for i in rows], dtype=torch.int64)
         x = self.net.block_embeddings(anchor_ids, self.embed)
         hidden = self.net.blocks_hidden(x, anchors[:, None] + torch.arange(size), ctx_kv, mask)
-        tokens, confidences = self.net.choose(hidden, anchor_ids, self.lm_head, self.vocab)
+        raw = self.head(hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:2], -1)  # [R, S - 1, N]
+        tokens, confidences = self.net.choose_from_logits(hidden, self.net.scale_logits(raw), anchor_ids, self.vocab,
+                                                          self.successors)
         for row, i in enumerate(rows):
             n = min(requests[i].max_tokens, size - 1)
             drafts[i] = Draft(tokens[row, :n].tolist(), None if confidences is None else confidences[row, :n].tolist())

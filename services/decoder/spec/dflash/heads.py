@@ -64,11 +64,14 @@ class MarkovHead(LowRankTransition):
         return base_logits + self.query(prev, hidden) @ self.successor_codebook.T
 
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
-               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               vocab: torch.Tensor | None = None, successors: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Greedy left to right over ``logits: [B, P, N]`` (``N`` = V, or the ids in ``vocab``);
         returns ``tokens: [B, P]`` and the picked tokens' probabilities under the
-        Markov-corrected distribution ``[B, P]``."""
-        successors = self.successor_codebook if vocab is None else self.successor_codebook[vocab]  # [N, rank]
+        Markov-corrected distribution ``[B, P]``. ``successors``: ``successor_codebook[vocab]``
+        when the caller keeps it (a serving drafter, whose weights do not change)."""
+        if successors is None:
+            successors = self.successor_codebook if vocab is None else self.successor_codebook[vocab]  # [N, rank]
         prev = anchor_ids
         tokens, probs = [], []
         for pos in range(hidden.shape[1]):

@@ -72,7 +72,11 @@ class DraftNet(nn.Module):
 
     def base_logits(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
         """``hidden: [..., H]``, ``lm_head: [V, H]`` (the target's) -> ``[..., V]`` fp32."""
-        logits = F.linear(hidden, lm_head).float() * self.cfg.output_multiplier
+        return self.scale_logits(F.linear(hidden, lm_head))
+
+    def scale_logits(self, raw: torch.Tensor) -> torch.Tensor:
+        """The head's raw outputs ``[..., V]`` -> the draft logits, fp32 (multiplier, soft cap)."""
+        logits = raw.float() * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
@@ -82,9 +86,16 @@ class DraftNet(nn.Module):
         per-position survival probabilities ``[B, P]`` (else None). With ``vocab: [N]`` token
         ids, drafts come from those tokens only and ``lm_head`` holds just their rows
         (``[N, H]``): a smaller head matmul per drafted position; verification stays exact."""
-        logits = self.base_logits(hidden, lm_head)  # [B, P, N]
+        return self.choose_from_logits(hidden, self.base_logits(hidden, lm_head), anchor_ids, vocab)
+
+    def choose_from_logits(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
+                           vocab: torch.Tensor | None = None, successors: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``choose`` from the base logits ``[B, P, N]`` already computed (by a serving path's own
+        head matmul); ``successors``: the Markov head's codebook rows of ``vocab``, when the caller
+        keeps them (else gathered here)."""
         if self.markov_head is not None:
-            tokens, top_prob = self.markov_head.select(hidden, logits, anchor_ids, vocab)
+            tokens, top_prob = self.markov_head.select(hidden, logits, anchor_ids, vocab, successors)
         elif self.candidate_selector is not None:
             tokens, top_prob = self.candidate_selector.select(hidden, logits, anchor_ids, vocab)
         else:
