@@ -15,6 +15,7 @@ Writes ``results/<date>-<machine>/spec.json`` and ``spec.png``.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sysconfig
 import time
@@ -142,7 +143,11 @@ class SettingRun:
         }
 
     def close(self) -> None:
+        """Frees the engine now: its hot pool and packed weights are GiBs, and the engine's
+        reference cycles would otherwise wait for a garbage collection that large tensors do
+        not trigger (interleaved runs of several kinds were OOM-killed that way)."""
         self.llm = None
+        gc.collect()
 
 
 def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: list[tuple[str, int, str]],
