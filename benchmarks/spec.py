@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="runs per setting on one engine; median tok/s")
     parser.add_argument("--interleave", action="store_true",
                         help="build every setting's engine first and run the repeats round-robin over them "
-                             "(holds them all at once, GiBs each: with six engines the adaptive settings ran far "
-                             "below their sequential figures, cause not yet found; use few settings)")
+                             "(holds them all at once: GiBs each)")
     parser.add_argument("--name", default="spec", help="output file stem")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
