@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from services.decoder.config import DTYPES
 
 
 def load_transformers(model_path: Path, dtype: str = "float32", device: str = "cpu"):

@@ -35,8 +35,9 @@ def split_validation(train: list[Sequence], percent: float) -> tuple[list[Sequen
     share move to validation; the split depends only on the keys (stable across runs)."""
     if not 0 <= percent < 100:
         raise ValueError(f"validation percent must be in [0, 100), got {percent}")
-    keep = [s for s in train if not is_validation(s.key, percent)]
-    held = [s for s in train if is_validation(s.key, percent)]
+    keep, held = [], []
+    for seq in train:
+        (held if is_validation(seq.key, percent) else keep).append(seq)
     return keep, held
 
 
