@@ -92,16 +92,17 @@ def parse_settings(text: str) -> list[tuple[str, int, str]]:
 class SettingRun:
     """One setting's engine for one batch of prompts. Each ``run()`` decodes the prompts once on
     the same engine (as a server would: the adaptive budget's estimates and calibration carry
-    over); ``figures()`` sums them up, with tok/s of the median run. ``one_at_a_time``: the
-    prompts are decoded one after another (batch 1) instead of together."""
+    over); ``figures()`` sums them up, with tok/s of the median run. ``batch_size``: the prompts
+    are decoded that many at a time, one batch after another (1: one after another), instead of
+    all together."""
 
     def __init__(self, loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
-                 budget: str = "fixed", attention: str = "dense", one_at_a_time: bool = False):
+                 budget: str = "fixed", attention: str = "dense", batch_size: int | None = None):
         from dhisparse import LLM, SamplingParams
 
         self.name = f"{spec}:{spec_tokens}:{budget}"
         self.prompts = prompts
-        self.one_at_a_time = one_at_a_time
+        self.batch_size = batch_size or len(prompts)
         # pool sized for this batch only: each LLM preallocates (and touches) its whole hot pool
         needed = sum(len(p) + max_tokens + 2 * 16 + spec_tokens for p in prompts)
         capacity = max(-(-needed // 16) * 16, 8192)
@@ -118,10 +119,9 @@ class SettingRun:
 
     def run(self) -> None:
         t0 = time.perf_counter()
-        if self.one_at_a_time:
-            outs = [self.llm.generate([p], self.params)[0] for p in self.prompts]
-        else:
-            outs = self.llm.generate(self.prompts, self.params)
+        outs = []
+        for start in range(0, len(self.prompts), self.batch_size):
+            outs += self.llm.generate(self.prompts[start : start + self.batch_size], self.params)
         wall = time.perf_counter() - t0
         self.rates.append(sum(len(o.token_ids) for o in outs) / wall)
         self.accepted += sum(o.stats["accepted_tokens"] for o in outs)
@@ -151,16 +151,16 @@ class SettingRun:
 
 
 def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: list[tuple[str, int, str]],
-                 attention: str = "dense", repeats: int = 1, interleave: bool = False, one_at_a_time: bool = False):
+                 attention: str = "dense", repeats: int = 1, interleave: bool = False, batch_size: int | None = None):
     """Yields ``(setting, figures)`` per setting, in order. Sequential: each setting's engine is
     built, run ``repeats`` times and dropped before the next. Interleaved: every setting's
     engine is built first and the repeats go round-robin over them (none, a, b, none, a, b, ...),
     so that slow drift of the machine (other load, memory placement) falls on every setting
     alike rather than on whichever ran during it; it holds all the engines at once.
-    ``one_at_a_time``: see ``SettingRun``."""
+    ``batch_size``: see ``SettingRun``."""
     def build(setting):
         spec, spec_tokens, budget = setting
-        return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention, one_at_a_time)
+        return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention, batch_size)
 
     if not interleave:
         for setting in settings:
@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.spec", description=__doc__.split("\n")[0])
     parser.add_argument("--kinds", default="code_edit,chat,long_doc_qa")
     parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--prompts", type=int, default=0,
+                        help="distinct prompts per kind, decoded CONCURRENCY at a time (default: CONCURRENCY, "
+                             "one batch)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--settings", default=DEFAULT_SETTINGS,
                         help="comma list of spec[:draft tokens[:fixed|adaptive]], the first 'none'")
@@ -206,14 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     for attention in args.attention.split(","):
         for kind in args.kinds.split(","):
             for concurrency in concurrencies:
-                prompts = build_prompts(loaded.tokenizer, kind, concurrency)
+                prompts = build_prompts(loaded.tokenizer, kind, max(args.prompts, concurrency))
                 base = None
                 for (spec, spec_tokens, budget), figures in run_settings(loaded, prompts, args.max_tokens, settings,
-                                                                         attention, args.repeats, args.interleave):
+                                                                         attention, args.repeats, args.interleave,
+                                                                         batch_size=concurrency):
                     outputs = figures.pop("outputs")
                     if base is None:
                         base = (figures["tokens_per_s"], outputs)
-                    row = {"attention": attention, "kind": kind, "concurrency": concurrency, "spec": spec,
+                    row = {"attention": attention, "kind": kind, "concurrency": concurrency, "prompts": len(prompts),
+                           "spec": spec,
                            "spec_tokens": spec_tokens, "verify_budget": budget, **figures,
                            "speedup_vs_none": figures["tokens_per_s"] / base[0], "lossless": outputs == base[1]}
                     rows.append(row)
@@ -236,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "spec", "machine": machine_info(), "model": str(loaded.source),
               "settings": {"max_tokens": args.max_tokens, "dtype": "float32", "attention": args.attention,
                            "sparse": SPARSE, "drafter_settings": args.settings, "threads": torch.get_num_threads(),
-                           "repeats": args.repeats, "interleave": args.interleave},
+                           "repeats": args.repeats, "interleave": args.interleave,
+                           "prompts_per_kind": args.prompts or "concurrency"},
               "rows": rows, "targets": targets}
     out_dir = Path(args.out) if args.out else results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

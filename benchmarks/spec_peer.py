@@ -66,7 +66,7 @@ def run(loaded, hf, kinds: list[str], lookup_tokens: list[int], num_prompts: int
         prompts = build_prompts(loaded.tokenizer, kind, num_prompts)
         kind_rows = []
         for (spec, k, budget), figures in run_settings(loaded, prompts, max_tokens, ours_settings, repeats=repeats,
-                                                       one_at_a_time=True):
+                                                       batch_size=1):
             figures["outputs"] = [_strip_eos(o, eos) for o in figures["outputs"]]
             setting = "none" if spec == "none" else f"ngram:{k}" + (":adaptive" if budget == "adaptive" else "")
             kind_rows.append({"kind": kind, "engine": "ours", "setting": setting, "draft_tokens": k, **figures})

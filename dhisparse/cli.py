@@ -181,9 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         service = sub.add_parser(name, help=help_text, add_help=False)
         service.add_argument("rest", nargs=argparse.REMAINDER)
         service.set_defaults(func=_cmd_service, service=name)
+    from dhisparse.train_cli import add_eval_parser as add_eval_drafter_parser
     from dhisparse.train_cli import add_parser as add_train_drafter_parser
 
     add_train_drafter_parser(sub)
+    add_eval_drafter_parser(sub)
     return parser
 
 

@@ -89,3 +89,33 @@ def run(args: argparse.Namespace) -> int:
     )
     run_pipeline(opts)
     return 0
+
+
+def add_eval_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("eval-drafter", help="score a trained drafter's held-out acceptance",
+                       description="Held-out mean acceptance length (along the decoding walk, and per anchor) of a "
+                                   "DFlash/DSpark checkpoint and of n-gram prompt lookup, by prompt kind, on a "
+                                   "distillation cache's held-out sequences. --write records it in the checkpoint.")
+    p.add_argument("--checkpoint", required=True, type=Path)
+    p.add_argument("--data-dir", type=Path, default=Path("drafter-data"), help="distillation cache and features")
+    p.add_argument("--write", action="store_true",
+                   help="replace the checkpoint's recorded held-out figures (config.json) and its card's table")
+    p.set_defaults(func=run_eval)
+    return p
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from services.decoder.engine.llm import LLM
+    from services.decoder.spec.training.rescore import (
+        rescore_checkpoint,
+        write_rescored,
+    )
+
+    embed = LLM(max_num_seqs=1).engine.model.embed_tokens
+    acceptance = rescore_checkpoint(args.checkpoint, args.data_dir, embed)
+    if args.write:
+        write_rescored(args.checkpoint, acceptance)
+    print(json.dumps(acceptance, indent=2))
+    return 0

@@ -7,7 +7,7 @@ def test_interleaved_repeats_go_round_robin_and_sequential_ones_do_not(monkeypat
     order = []
 
     class FakeRun:
-        def __init__(self, loaded, prompts, max_tokens, spec, spec_tokens, budget, attention, one_at_a_time):
+        def __init__(self, loaded, prompts, max_tokens, spec, spec_tokens, budget, attention, batch_size):
             self.name = f"{spec}:{spec_tokens}:{budget}"
             order.append(("build", self.name))
             self.count = 0
@@ -51,3 +51,25 @@ def test_interleaved_runs_are_lossless_on_the_real_engine(loaded_model):
     assert ngram["outputs"] == none["outputs"] and len(none["outputs"][0]) == 24
     assert len(none["tokens_per_s_runs"]) == len(ngram["tokens_per_s_runs"]) == 2
     assert ngram["mean_acceptance_length"] > 1.0 and none["mean_acceptance_length"] == 0.0
+
+
+def test_a_setting_run_decodes_its_prompts_batch_size_at_a_time():
+    """``--prompts 3 --concurrency 2``: batches of 2 then 1, one after another; the figures count
+    every prompt's tokens and verify steps."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    class FakeLLM:
+        def generate(self, prompts, params):
+            calls.append(list(prompts))
+            return [SimpleNamespace(token_ids=p * 3, stats={"accepted_tokens": 2, "num_verify_steps": 1}) for p in prompts]
+
+    run = bench.SettingRun.__new__(bench.SettingRun)
+    run.name, run.prompts, run.batch_size, run.llm, run.params = "x", [[1], [2], [3]], 2, FakeLLM(), None
+    run.rates, run.accepted, run.verify_steps, run.outputs = [], 0, 0, None
+    run.run()
+    assert calls == [[[1], [2]], [[3]]]
+    figures = run.figures()
+    assert figures["tokens"] == 9 and figures["outputs"] == [[1] * 3, [2] * 3, [3] * 3]
+    assert figures["mean_acceptance_length"] == 3.0  # (2 accepted + 1 bonus) per verify step

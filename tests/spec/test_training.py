@@ -16,6 +16,8 @@ from services.decoder.spec.training.evaluate import (
     draft_acceptance,
     eval_anchors,
     ngram_acceptance,
+    summarise_lengths,
+    walk_lengths,
 )
 from services.decoder.spec.training.features import (
     FeatureStore,
@@ -126,6 +128,37 @@ def test_pipeline_writes_a_loadable_checkpoint_that_proposes_identically(llm, tr
     assert 1.0 <= again["mean_acceptance_length"] <= 8.0 and again["anchors"] > 0
 
 
+def test_rescoring_a_checkpoint_rewrites_its_figures_and_keeps_hand_written_card_sections(llm, trained, tmp_path):
+    import shutil
+
+    from services.decoder.spec.dflash.checkpoint import read_facts, write_facts
+    from services.decoder.spec.training.rescore import (
+        rescore_checkpoint,
+        write_rescored,
+    )
+
+    _tmp, opts, facts = trained
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(opts.out, ckpt)
+    embed = llm.engine.model.embed_tokens
+    assert rescore_checkpoint(ckpt, opts.data_dir, embed) == facts["heldout_acceptance"]
+    # an older card: a stale figure in config.json and a hand-written section after the table
+    stale = read_facts(ckpt)
+    stale["heldout_acceptance"]["draft"]["mean_acceptance_length"] = 7.5
+    write_facts(ckpt, stale)
+    card = (ckpt / "README.md").read_text()
+    (ckpt / "README.md").write_text(card + "\n## Training history\n\nStage 1: by hand.\n")
+    write_rescored(ckpt, rescore_checkpoint(ckpt, opts.data_dir, embed))
+    assert read_facts(ckpt)["heldout_acceptance"] == facts["heldout_acceptance"]
+    assert read_facts(ckpt)["steps"] == facts["steps"]  # the other facts stay
+    new_card = (ckpt / "README.md").read_text()
+    assert new_card.startswith(card) and new_card.count("## Held-out acceptance") == 1
+    assert new_card.endswith("## Training history\n\nStage 1: by hand.\n")
+    assert load_checkpoint(ckpt).cfg == load_checkpoint(opts.out).cfg
+    with pytest.raises(ValueError, match="no held-out sequence"):
+        rescore_checkpoint(ckpt, tmp_path / "empty", embed)
+
+
 def test_loss_decreases_on_a_fixed_batch(llm, trained):
     _tmp, opts, _ = trained
     train, _ = load_dataset(opts.data_dir, opts.target_layers, 8)
@@ -197,10 +230,27 @@ def test_ngram_acceptance_on_a_hand_made_sequence():
     # (truth 11, 12: 3), [12, 13] at 5 (truth 12, 14: 2), [13, 10] at 6 (truth 14, 15: 1).
     ids = torch.tensor([10, 11, 12, 13, 10, 11, 12, 14, 15])
     seq = Sequence("s", "chat", "heldout", ids, torch.zeros(9, 4), answer_start=4)
+    # Decoding verifies at anchor 4, commits 3 tokens and has no anchor left: one step of 3.
     out = ngram_acceptance([seq], block_size=3)
-    assert out["anchors"] == 3
-    assert out["mean_acceptance_length"] == pytest.approx(2.0)
-    assert out["by_kind"]["chat"]["mean_acceptance_length"] == pytest.approx(2.0)
+    assert out["anchors"] == 3 and out["verify_steps"] == 1
+    assert out["per_anchor_mean_acceptance_length"] == pytest.approx(2.0)
+    assert out["mean_acceptance_length"] == pytest.approx(3.0)
+    assert out["by_kind"]["chat"]["mean_acceptance_length"] == pytest.approx(3.0)
+
+
+def test_the_decoding_walk_skips_the_anchors_a_step_commits():
+    lengths = torch.tensor([3, 8, 7, 1, 2, 5, 1, 1])
+    # anchor 0 commits 3 -> anchor 3 commits 1 -> anchor 4 commits 2 -> anchor 6 -> anchor 7
+    assert walk_lengths(lengths).tolist() == [3, 1, 2, 1, 1]
+    assert walk_lengths(torch.tensor([8, 1, 1])).tolist() == [8]
+    assert walk_lengths(torch.zeros(0, dtype=torch.int64)).tolist() == []
+    # pooled over sequences: committed tokens / verify steps, per kind and overall
+    seqs = {"chat": [lengths, torch.tensor([2, 1, 4])], "code": [torch.tensor([1, 1])]}
+    out = summarise_lengths(seqs)
+    assert out["by_kind"]["chat"]["verify_steps"] == 5 + 2 and out["by_kind"]["code"]["verify_steps"] == 2
+    assert out["by_kind"]["chat"]["mean_acceptance_length"] == pytest.approx((8 + 2 + 4) / 7)
+    assert out["mean_acceptance_length"] == pytest.approx((8 + 6 + 2) / 9)
+    assert out["per_anchor_mean_acceptance_length"] == pytest.approx((28 + 7 + 2) / 13)
 
 
 def test_draft_layers_start_as_copies_of_the_target_top_layers(llm):

@@ -3,7 +3,8 @@
 Every step, each running request that decodes (one pending token) with room left asks the
 drafter for a block; all requests draft in one drafter call. With the adaptive verify budget
 (``spec/verify_budget.py``) the block is cut to the length that maximises expected committed
-tokens per second of step time, from the drafter's per-position confidences (DSpark) or the
+tokens per second of step time, from the drafter's per-position confidences (DSpark; mapped
+to the survival rates verification has measured for them, ``ConfidenceCalibration``) or the
 request's running acceptance rate, the step costs profiled at start-up, and, for a SPARSE
 request, the host fetches its larger working set costs. Before that, the adaptive budget asks
 whether drafting can pay for the drafter's own forward at all: with each request's running
@@ -37,6 +38,7 @@ from services.decoder.spec.verify_budget import (
     AcceptanceEstimate,
     BudgetProfile,
     CalibratedCosts,
+    ConfidenceCalibration,
     choose_draft_lengths,
 )
 
@@ -62,6 +64,8 @@ class Speculator:
         self.draft_costs: CalibratedCosts | None = None
         self.num_drafter_calls = 0
         self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
+        self.calibration = ConfidenceCalibration()  # the drafter's confidences vs measured survival
+        self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
 
     @property
     def profile(self) -> BudgetProfile | None:
@@ -80,9 +84,13 @@ class Speculator:
             self.step_costs.observe(num_tokens, seconds)
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
-        """A verified draft: updates the request's estimate and the pooled one."""
+        """A verified draft: updates the request's estimate, the pooled one and, for a drafter
+        with confidences, their calibration."""
         self.estimate(request).update(num_drafted, num_accepted)
         self.acceptance.update(num_drafted, num_accepted)
+        confidences = self._confidences.pop(request.request_id, None)
+        if confidences:
+            self.calibration.observe(confidences[:num_drafted], num_accepted)
 
     def estimate(self, request: Request) -> AcceptanceEstimate:
         """The request's running estimate; a new request starts from the pooled one."""
@@ -116,7 +124,8 @@ class Speculator:
             self.draft_costs.observe(len(asks), time.perf_counter() - start)
         self.num_drafter_calls += 1
         if self.profile is not None:
-            lengths = self._lengths(running, drafting, [d.confidences or [self.estimate(r).rate] * len(d.tokens)
+            lengths = self._lengths(running, drafting, [self.calibration(d.confidences) if d.confidences
+                                                        else [self.estimate(r).rate] * len(d.tokens)
                                                         for r, d in zip(drafting, drafts)])
             for request, draft, length in zip(drafting, drafts, lengths):
                 if draft.tokens and length == 0:
@@ -126,6 +135,10 @@ class Speculator:
                 self.acceptance.idle()
         for request, draft in zip(drafting, drafts):
             request.draft_ids = draft.tokens
+            if draft.confidences and draft.tokens:
+                self._confidences[request.request_id] = draft.confidences[: len(draft.tokens)]
+            else:
+                self._confidences.pop(request.request_id, None)
 
     def _worth_the_drafter(self, running, drafting, max_tokens):
         """Keeps the requests (and their draft limits) whose predicted draft (running survival
@@ -168,4 +181,5 @@ class Speculator:
         self.drafter.observe_batch(items)
 
     def release(self, request: Request) -> None:
+        self._confidences.pop(request.request_id, None)
         self.drafter.release(request.request_id)

@@ -51,6 +51,21 @@ def read_config(directory: str | Path) -> DraftConfig:
     return DraftConfig.from_json(_read_raw_config(directory))
 
 
+def read_facts(directory: str | Path) -> dict:
+    """The ``dhisparse`` block of ``config.json`` (training facts), ``{}`` when there is none."""
+    facts = _read_raw_config(directory).get("dhisparse", {})
+    if not isinstance(facts, dict):
+        raise DraftCheckpointError(f"{Path(directory) / CONFIG_FILE}: \"dhisparse\" must be a JSON object")
+    return facts
+
+
+def write_facts(directory: str | Path, facts: dict) -> None:
+    """Replaces the ``dhisparse`` block of ``config.json``; the draft config stays as it is."""
+    raw = _read_raw_config(directory)
+    raw["dhisparse"] = facts
+    (Path(directory) / CONFIG_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+
+
 def read_heldout_acceptance_length(directory: str | Path) -> float | None:
     """The drafter's held-out mean acceptance length that training recorded
     (``dhisparse.heldout_acceptance.draft.mean_acceptance_length``), or None when the checkpoint

@@ -26,6 +26,7 @@ from services.decoder.spec.dflash.checkpoint import (
     read_heldout_acceptance_length,
 )
 from services.decoder.spec.dflash.config import DraftCheckpointError
+from services.decoder.spec.dflash.layers import pack_linears
 from services.decoder.spec.dflash.model import DraftContext, DraftNet
 from services.decoder.spec.drafter import Draft, Drafter, DraftRequest
 from services.decoder.spec.verify_budget import survival_from_acceptance_length
@@ -47,6 +48,7 @@ class DFlashDrafter(Drafter):
         """``embed: [V, H]`` and ``lm_head: [V, H]``: the target's (shared, not copied). With a
         draft vocabulary ``vocab: [N]`` the drafter keeps a copy of just those head rows."""
         self.net = net
+        pack_linears(net)  # a block's rows through the packed GEMM (the net is served, not trained, here)
         self.cfg = net.cfg
         self.name = net.cfg.kind
         self.embed = embed
@@ -131,10 +133,11 @@ class DFlashDrafter(Drafter):
         size = cfg.block_size
         contexts = [self.contexts[requests[i].request_id] for i in rows]
         anchors = torch.tensor([requests[i].anchor_position for i in rows], dtype=torch.int64)
-        slot_pos = torch.stack([c.slot_pos for c in contexts])  # [R, W]
+        used = max(c.num_used_slots for c in contexts)  # slots beyond it are empty in every ring
+        slot_pos = torch.stack([c.slot_pos[:used] for c in contexts])  # [R, used]
         ctx_visible = (slot_pos >= 0) & (slot_pos < anchors[:, None]) & (slot_pos >= anchors[:, None] - cfg.context_window)
         mask = torch.cat([ctx_visible[:, None, :].expand(-1, size, -1), torch.ones(len(rows), size, size, dtype=torch.bool)], dim=2)
-        ctx_kv = [(torch.stack([c.k[layer] for c in contexts]), torch.stack([c.v[layer] for c in contexts]))
+        ctx_kv = [(torch.stack([c.k[layer, :used] for c in contexts]), torch.stack([c.v[layer, :used] for c in contexts]))
                   for layer in range(cfg.num_layers)]
         anchor_ids = torch.tensor([requests[i].token_ids[-1] for i in rows], dtype=torch.int64)
         x = self.net.block_embeddings(anchor_ids, self.embed)

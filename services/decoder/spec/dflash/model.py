@@ -136,6 +136,13 @@ class DraftContext:
         self.slot_pos = torch.full((cfg.context_window,), -1, dtype=torch.int64)  # position held, -1 empty
         self.end = 0  # next position expected
 
+    @property
+    def num_used_slots(self) -> int:
+        """Slots ``0 .. n`` can hold positions, the rest are empty: the ring fills slot
+        ``p % window`` for position ``p``, so until a position past the window arrives only the
+        slots below ``end`` do (a rebuilt ring starting past the window uses them all)."""
+        return self.slot_pos.shape[0] if self.end > self.slot_pos.shape[0] or self.end < 0 else self.end
+
     def append(self, net: DraftNet, start: int, features: torch.Tensor) -> None:
         """Adds the features of positions ``start .. start + n``. A start other than ``end``
         (a recomputed or resumed request) drops what the ring held first."""
