@@ -53,6 +53,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="share of the training sequences kept out of training to choose the shipped weights (0: none)")
     p.add_argument("--validate-every-minutes", type=float, default=10.0,
                    help="score the drafter on the validation sequences this often (the best weights are shipped)")
+    p.add_argument("--ship-weights", choices=["best", "last"], default="best",
+                   help="the validation-best step's weights, or the last step's (e.g. when the validation "
+                        "sequences may be in a warm start's training data)")
     p.add_argument("--resume", action="store_true", help="continue training from the run's saved state")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
     p.add_argument("--log-file", type=Path, default=None)
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         target_layers=args.target_layers or DEFAULT_TARGET_LAYERS, intermediate_size=args.intermediate_size,
         markov_rank=args.markov_rank, context_window=args.context_window, init_from=args.init_from,
         init_target=args.init_target_layers, resume=args.resume, validation_percent=args.validation_percent,
+        ship_weights=args.ship_weights,
         progress=not args.no_progress, train=train,
     )
     run_pipeline(opts)

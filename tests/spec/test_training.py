@@ -314,7 +314,12 @@ def test_trainer_ships_the_best_validated_weights_and_resumes_the_choice(llm, tr
         return trainer
 
     seen = {}
+    last = run(tmp_path / "last", {})
+    kept = last.keep_last()  # --ship-weights last: the last step's weights, their score recorded
+    assert kept["step"] == 4 and kept["score"] == 1.9 and len(kept["history"]) == 4
     trainer = run(tmp_path / "a", seen)
+    for name, value in last.net.state_dict().items():
+        assert torch.equal(value, seen[4][name]), name
     choice = trainer.select_best()
     assert choice["step"] == 2 and choice["score"] == 2.0 and [h["step"] for h in choice["history"]] == [1, 2, 3, 4]
     for name, value in trainer.net.state_dict().items():
@@ -344,3 +349,36 @@ def test_pipeline_validates_on_training_sequences_it_does_not_train_on(llm, trai
     assert v["step"] in (1, 2) and v["score"] == max(h["score"] for h in v["history"])
     assert f"step {v['step']} of 2, the best of 2 validation scores" in (tmp_path / "out" / "README.md").read_text()
     assert json.loads((tmp_path / "out" / "config.json").read_text())["dhisparse"]["validation"]["step"] == v["step"]
+    assert v["init_may_have_trained_on_it"] is False
+
+
+def test_a_warm_start_that_may_have_trained_on_the_validation_sequences_is_flagged(llm, trained, tmp_path):
+    """The split is a hash of each key: a warm start trained with the same percent never saw the
+    validation sequences; one trained without a split (an older checkpoint) may have."""
+    import shutil
+
+    from services.decoder.spec.dflash.checkpoint import read_facts, write_facts
+
+    tmp, opts, _ = trained
+    train, _ = load_dataset(opts.data_dir, opts.target_layers, 8)
+    percent = (min(validation_bucket(s.key) for s in train) + 1) / 100
+    first = tiny_options(tmp, steps=1)
+    first.out, first.run_dir, first.validation_percent = tmp_path / "first", tmp_path / "run1", percent
+    run_pipeline(first, llm=llm)
+    older = tmp_path / "older"
+    shutil.copytree(first.out, older)
+    facts = read_facts(older)
+    del facts["validation"]
+    write_facts(older, facts)
+    for init, flagged in ((first.out, False), (older, True)):
+        options = tiny_options(tmp, steps=1)
+        options.out, options.run_dir = tmp_path / f"from-{init.name}", tmp_path / f"run-{init.name}"
+        options.validation_percent = percent
+        options.init_from = init
+        options.ship_weights = "last" if flagged else "best"
+        facts = run_pipeline(options, llm=llm)
+        assert facts["validation"]["init_may_have_trained_on_it"] is flagged
+        card = (options.out / "README.md").read_text()
+        assert ("may have seen them" in card) is flagged
+        assert facts["validation"]["shipped"] == options.ship_weights and facts["validation"]["step"] == 1
+        assert ("the last step's, as asked" in card) is flagged

@@ -20,6 +20,7 @@ import torch
 
 from services.decoder.spec.dflash.checkpoint import (
     load_checkpoint,
+    read_facts,
     save_checkpoint,
     write_draft_vocab,
 )
@@ -70,6 +71,7 @@ class PipelineOptions:
     run_dir: Path | None = None  # training state; default <data_dir>/runs/<out folder name>
     resume: bool = False
     validation_percent: float = 2.0  # of the training sequences, held out of training to pick the weights
+    ship_weights: str = "best"  # "best": the validation-best step's weights; "last": the last step's
     progress: bool = True
     train: TrainOptions = field(default_factory=TrainOptions)
 
@@ -189,9 +191,15 @@ def _selection_line(facts: dict) -> str:
     v = facts.get("validation") or {}
     if v.get("step") is None:
         return "the last step's (no validation sequences)."
+    caveat = (" The warm start was trained with a smaller validation split or none and may have seen them, "
+              "which favours early steps." if v.get("init_may_have_trained_on_it") else "")
+    scores = f"on {v['sequences']} training-split sequences kept out of training"
+    if v.get("shipped") == "last":
+        best = max(v["history"], key=lambda h: h["score"])
+        return (f"the last step's, as asked (validation mean acceptance length {v['score']:.3f} {scores}; the best "
+                f"of {len(v['history'])} scores was {best['score']:.3f} at step {best['step']}).{caveat}")
     return (f"step {v['step']} of {facts['steps']}, the best of {len(v['history'])} validation scores "
-            f"(mean acceptance length {v['score']:.3f} on {v['sequences']} training-split sequences kept out of "
-            "training).")
+            f"(mean acceptance length {v['score']:.3f} {scores}).{caveat}")
 
 
 def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
@@ -218,6 +226,17 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     if opts.init_from is not None:
         init = f"warm start from {opts.init_from} ({len(warm_start(net, opts.init_from))} tensors)"
     log.info("initialisation: %s", init)
+    # the split is a fixed hash of each key (a larger percent takes a superset), so a warm start
+    # trained with at least this percent never saw these sequences; one trained with less or
+    # none may have, and its memory of them fades as training goes on: the selection would then
+    # favour the first steps
+    init_saw_validation = False
+    if opts.init_from is not None and validation:
+        init_percent = (read_facts(opts.init_from).get("validation") or {}).get("percent_of_train", 0.0)
+        init_saw_validation = init_percent < opts.validation_percent
+    if init_saw_validation:
+        log.warning("%s was trained with a smaller validation split or none: it may have trained on the validation "
+                    "sequences, which biases the choice of weights towards early steps", opts.init_from)
     embed = model.embed_tokens.detach().float()
     # what the shipped drafter drafts from (draft_vocab.json): the training set's tokens first
     vocab = draft_vocabulary([s.token_ids.tolist() for s in train], min(DRAFT_VOCAB_SIZE, cfg.vocab_size),
@@ -232,7 +251,9 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
                       validate=validate if validation else None)
     metrics = trainer.train(progress=opts.progress)
     log.info("trained %d steps in %.1f min: %s", trainer.step, trainer.elapsed_s / 60, metrics)
-    selection = trainer.select_best()
+    if opts.ship_weights not in ("best", "last"):
+        raise ValueError(f"ship_weights must be 'best' or 'last', not {opts.ship_weights!r}")
+    selection = trainer.select_best() if opts.ship_weights == "best" else trainer.keep_last()
     with torch.no_grad():  # evaluate what is shipped: the bf16-rounded weights
         for p in net.parameters():
             p.copy_(p.to(torch.bfloat16).float())
@@ -252,6 +273,7 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
         "options": {k: v for k, v in asdict(opts.train).items()},
         "heldout_acceptance": acceptance, "draft_vocab_size": len(vocab),
         "validation": {"sequences": len(validation), "percent_of_train": opts.validation_percent,
+                       "init_may_have_trained_on_it": init_saw_validation, "shipped": opts.ship_weights,
                        **(selection or {"step": None})},
     }
     save_checkpoint(net, opts.out, dtype=torch.bfloat16, extra=facts)

@@ -268,6 +268,16 @@ class Trainer:
         best = self.selection.offer(self.step, self.elapsed_s / 60, score, self.net)
         log.info("validation at step %d: mean acceptance length %.4f%s", self.step, score, " (best)" if best else "")
 
+    def keep_last(self) -> dict | None:
+        """Like ``select_best`` but keeps the current (last) weights: scores them unless already
+        scored and returns ``{"step", "score", "history"}`` of them (None without a scorer)."""
+        if self.validate is None:
+            return None
+        if not self.selection.scored(self.step):
+            self._score()
+        score = next(h["score"] for h in self.selection.history if h["step"] == self.step)
+        return {"step": self.step, "score": score, "history": self.selection.history}
+
     def select_best(self) -> dict | None:
         """Scores the current weights (unless already scored at this step), restores the best
         ones and returns ``{"step", "score", "history"}`` of the choice (None without a scorer)."""
