@@ -105,6 +105,17 @@ def test_captured_features_equal_a_dense_prefill(llm, trained, tmp_path):
     assert extract_features(llm.engine.model, records, tmp_path, opts.target_layers, progress=False)["sequences"] == 0
 
 
+def test_distillation_can_take_one_kind_of_the_built_in_prompts():
+    from services.decoder.spec.training.pipeline import distill_prompts
+
+    every = build_prompts(300)
+    chat = distill_prompts(300, ("chat",))
+    assert chat == [p for p in every if p.kind == "chat"] and 100 < len(chat) < 300
+    assert distill_prompts(300) == every
+    with pytest.raises(ValueError, match="unknown prompt kinds"):
+        distill_prompts(300, ("poetry",))
+
+
 def test_prompt_set_is_deterministic_with_a_fixed_split():
     first, second = build_prompts(300), build_prompts(300)
     assert [p.text for p in first] == [p.text for p in second]

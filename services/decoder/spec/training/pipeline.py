@@ -37,7 +37,7 @@ from services.decoder.spec.training.distill import (
 from services.decoder.spec.training.draft_vocab import draft_vocabulary
 from services.decoder.spec.training.evaluate import draft_acceptance, ngram_acceptance
 from services.decoder.spec.training.features import FeatureStore, extract_features
-from services.decoder.spec.training.prompts import build_prompts
+from services.decoder.spec.training.prompts import PROMPT_KINDS, Prompt, build_prompts
 from services.decoder.spec.training.target_init import init_from_target
 from services.decoder.spec.training.trainer import Trainer, TrainOptions, init_trainable
 from services.decoder.spec.training.validation import split_validation
@@ -71,6 +71,7 @@ class PipelineOptions:
     run_dir: Path | None = None  # training state; default <data_dir>/runs/<out folder name>
     resume: bool = False
     validation_percent: float = 2.0  # of the training sequences, held out of training to pick the weights
+    distill_kinds: tuple[str, ...] | None = None  # built-in prompt kinds to distil (None: all)
     ship_weights: str = "best"  # "best": the validation-best step's weights; "last": the last step's
     progress: bool = True
     train: TrainOptions = field(default_factory=TrainOptions)
@@ -97,6 +98,15 @@ def default_config(kind: str, target_cfg, *, num_layers: int = 2, block_size: in
     return cfg
 
 
+def distill_prompts(num_prompts: int | None, kinds: tuple[str, ...] | None = None) -> list[Prompt]:
+    """The first ``num_prompts`` built-in prompts, of ``kinds`` only when given (e.g. ``("chat",)``:
+    more chat answers without re-queueing code and doc prompts)."""
+    if kinds is not None and not set(kinds) <= set(PROMPT_KINDS):
+        raise ValueError(f"unknown prompt kinds {sorted(set(kinds) - set(PROMPT_KINDS))} (known: {list(PROMPT_KINDS)})")
+    prompts = build_prompts(num_prompts)
+    return prompts if kinds is None else [p for p in prompts if p.kind in kinds]
+
+
 def prepare_data(llm, opts: PipelineOptions) -> dict:
     """Distils the prompts not yet cached (capturing their features), adds text-file chunks,
     then extracts the features still missing with a dense prefill."""
@@ -105,7 +115,7 @@ def prepare_data(llm, opts: PipelineOptions) -> dict:
         added = add_text_files(opts.data_dir, opts.text_files, llm.tokenizer.encode)
         log.info("text files: %d new chunks", added)
     if opts.distill_minutes != 0:
-        prompts = build_prompts(opts.num_prompts)
+        prompts = distill_prompts(opts.num_prompts, opts.distill_kinds)
         started = time.monotonic()
         store = FeatureStore(opts.data_dir, opts.target_layers)  # features captured while generating
         stats = distill(llm, prompts, opts.data_dir, concurrency=opts.concurrency, max_new_tokens=opts.max_new_tokens,

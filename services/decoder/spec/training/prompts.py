@@ -26,6 +26,7 @@ from pathlib import Path
 
 HELD_OUT_PERCENT = 5
 KIND_SHARES = (("chat", 0.5), ("code", 0.3), ("doc", 0.2))
+PROMPT_KINDS = tuple(kind for kind, _ in KIND_SHARES)
 MIN_SNIPPET_CHARS, MAX_SNIPPET_CHARS = 160, 1200
 MIN_DOC_CHARS, MAX_DOC_CHARS = 200, 1400
 
