@@ -238,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             c1 = [r for r in chat if r["concurrency"] == 1]
             if c1:
                 targets[f"{drafter}_net_speedup_chat_c1"] = max(r["speedup_vs_none"] for r in c1) > 1.0
+    targets.update(adaptive_targets(rows))
     result = {"benchmark": "spec", "machine": machine_info(), "model": str(loaded.source),
               "settings": {"max_tokens": args.max_tokens, "dtype": "float32", "attention": args.attention,
                            "sparse": SPARSE, "drafter_settings": args.settings, "threads": torch.get_num_threads(),
@@ -251,6 +252,25 @@ def main(argv: list[str] | None = None) -> int:
     for name, ok in targets.items():
         print(f"{name}: {'PASS' if ok else 'FAIL'}")
     return 0
+
+
+def adaptive_targets(rows: list[dict]) -> dict[str, bool]:
+    """Per drafter with adaptive rows: never below no speculation (every adaptive row's speedup
+    >= 1), and within 5% of the best fixed length of the same drafter at the same attention,
+    kind and concurrency (where the run has fixed rows to compare with)."""
+    targets = {}
+    for drafter in sorted({r["spec"] for r in rows if r["verify_budget"] == "adaptive"}):
+        adaptive = [r for r in rows if r["spec"] == drafter and r["verify_budget"] == "adaptive"]
+        targets[f"{drafter}_adaptive_never_below_none"] = min(r["speedup_vs_none"] for r in adaptive) >= 1.0
+        within = []
+        for r in adaptive:
+            fixed = [f["tokens_per_s"] for f in rows if f["spec"] == drafter and f["verify_budget"] == "fixed"
+                     and (f["attention"], f["kind"], f["concurrency"]) == (r["attention"], r["kind"], r["concurrency"])]
+            if fixed:
+                within.append(r["tokens_per_s"] >= 0.95 * max(fixed))
+        if within:
+            targets[f"{drafter}_adaptive_within_5pct_of_best_fixed"] = all(within)
+    return targets
 
 
 def _plot(rows: list[dict], path: Path) -> None:

@@ -73,3 +73,18 @@ def test_a_setting_run_decodes_its_prompts_batch_size_at_a_time():
     figures = run.figures()
     assert figures["tokens"] == 9 and figures["outputs"] == [[1] * 3, [2] * 3, [3] * 3]
     assert figures["mean_acceptance_length"] == 3.0  # (2 accepted + 1 bonus) per verify step
+
+
+def test_adaptive_targets_compare_like_with_like():
+    def row(spec, budget, kind, c, tps, speedup):
+        return {"spec": spec, "verify_budget": budget, "attention": "dense", "kind": kind, "concurrency": c,
+                "tokens_per_s": tps, "speedup_vs_none": speedup}
+
+    rows = [row("none", "fixed", "chat", 1, 30.0, 1.0), row("dspark", "fixed", "chat", 1, 24.0, 0.8),
+            row("dspark", "adaptive", "chat", 1, 30.3, 1.01), row("dspark", "fixed", "chat", 4, 80.0, 1.1),
+            row("dspark", "adaptive", "chat", 4, 75.0, 1.03), row("ngram", "adaptive", "chat", 1, 29.7, 0.99)]
+    assert bench.adaptive_targets(rows) == {
+        "dspark_adaptive_never_below_none": True,
+        "dspark_adaptive_within_5pct_of_best_fixed": False,  # 75 < 0.95 * 80 at c=4
+        "ngram_adaptive_never_below_none": False,  # no fixed ngram rows: nothing to compare with
+    }
