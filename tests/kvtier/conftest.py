@@ -90,6 +90,11 @@ class KvtierProcess:
         self.address, self.state = line[3], line[5]
         return self
 
+    def read_log(self) -> str:
+        """What kvtier wrote to stderr so far (for a failure message)."""
+        self.log.seek(0)
+        return self.log.read()
+
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
