@@ -30,8 +30,12 @@ def save_checkpoint(net: DraftNet, directory: str | Path, dtype: torch.dtype | N
         raw["dhisparse"] = extra
     tensors = {name: (t.detach().to(dtype) if dtype else t.detach()).contiguous() for name, t in net.state_dict().items()}
     save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+    _write_raw_config(directory, raw)
     return directory
+
+
+def _write_raw_config(directory: str | Path, raw: dict) -> None:
+    (Path(directory) / CONFIG_FILE).write_text(json.dumps(raw, indent=2) + "\n")
 
 
 def _read_raw_config(directory: str | Path) -> dict:
@@ -63,7 +67,7 @@ def write_facts(directory: str | Path, facts: dict) -> None:
     """Replaces the ``dhisparse`` block of ``config.json``; the draft config stays as it is."""
     raw = _read_raw_config(directory)
     raw["dhisparse"] = facts
-    (Path(directory) / CONFIG_FILE).write_text(json.dumps(raw, indent=2) + "\n")
+    _write_raw_config(directory, raw)
 
 
 def read_heldout_acceptance_length(directory: str | Path) -> float | None:

@@ -58,17 +58,19 @@ def _truth(token_ids: torch.Tensor, anchors: torch.Tensor, block_size: int) -> t
 
 def summarise_lengths(per_kind: dict[str, list[torch.Tensor]]) -> dict:
     """``per_kind``: each sequence's acceptance lengths at its consecutive anchors, by prompt kind."""
-    def means(seqs: list[torch.Tensor]) -> dict:
-        every = torch.cat(seqs) if seqs else torch.zeros(0)
-        walks = torch.cat([walk_lengths(s) for s in seqs]) if seqs else torch.zeros(0)
+    walked = {kind: [(s, walk_lengths(s)) for s in seqs] for kind, seqs in per_kind.items()}
+
+    def means(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        every = torch.cat([s for s, _ in pairs]) if pairs else torch.zeros(0)
+        walks = torch.cat([w for _, w in pairs]) if pairs else torch.zeros(0)
         nan = float("nan")
         return {"mean_acceptance_length": float(walks.float().mean()) if walks.numel() else nan,
                 "verify_steps": int(walks.numel()),
                 "per_anchor_mean_acceptance_length": float(every.float().mean()) if every.numel() else nan,
                 "anchors": int(every.numel())}
 
-    out = means([s for seqs in per_kind.values() for s in seqs])
-    out["by_kind"] = {kind: means(seqs) for kind, seqs in sorted(per_kind.items())}
+    out = means([pair for pairs in walked.values() for pair in pairs])
+    out["by_kind"] = {kind: means(pairs) for kind, pairs in sorted(walked.items())}
     return out
 
 

@@ -214,6 +214,8 @@ def _selection_line(facts: dict) -> str:
 
 def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     """Runs every stage; returns the training facts written into the checkpoint."""
+    if opts.ship_weights not in ("best", "last"):  # checked before hours of training, not after
+        raise ValueError(f"ship_weights must be 'best' or 'last', not {opts.ship_weights!r}")
     if llm is None:
         from services.decoder.engine.llm import LLM
 
@@ -261,8 +263,6 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
                       validate=validate if validation else None)
     metrics = trainer.train(progress=opts.progress)
     log.info("trained %d steps in %.1f min: %s", trainer.step, trainer.elapsed_s / 60, metrics)
-    if opts.ship_weights not in ("best", "last"):
-        raise ValueError(f"ship_weights must be 'best' or 'last', not {opts.ship_weights!r}")
     selection = trainer.select_best() if opts.ship_weights == "best" else trainer.keep_last()
     with torch.no_grad():  # evaluate what is shipped: the bf16-rounded weights
         for p in net.parameters():

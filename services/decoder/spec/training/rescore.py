@@ -17,6 +17,7 @@ import torch
 
 from services.decoder.spec.dflash.checkpoint import (
     load_checkpoint,
+    read_config,
     read_draft_vocab,
     read_facts,
     write_facts,
@@ -49,7 +50,7 @@ def kept_sections(card: str) -> str:
 def write_rescored(directory: str | Path, acceptance: dict) -> None:
     """Records ``acceptance`` as the checkpoint's held-out figures and regenerates its card."""
     directory = Path(directory)
-    net_cfg = load_checkpoint(directory).cfg
+    net_cfg = read_config(directory)
     facts = read_facts(directory)
     if "train_sequences" not in facts:
         raise ValueError(f"{directory} was not written by train-drafter: no training facts to write a card from")

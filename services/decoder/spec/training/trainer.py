@@ -263,6 +263,10 @@ class Trainer:
         return self.last_metrics
 
     # ---- model selection ----------------------------------------------------------------------
+    def _score_current(self) -> None:
+        if not self.selection.scored(self.step):
+            self._score()
+
     def _score(self) -> None:
         score = self.validate(self.net)
         best = self.selection.offer(self.step, self.elapsed_s / 60, score, self.net)
@@ -273,8 +277,7 @@ class Trainer:
         scored and returns ``{"step", "score", "history"}`` of them (None without a scorer)."""
         if self.validate is None:
             return None
-        if not self.selection.scored(self.step):
-            self._score()
+        self._score_current()
         score = next(h["score"] for h in self.selection.history if h["step"] == self.step)
         return {"step": self.step, "score": score, "history": self.selection.history}
 
@@ -283,8 +286,7 @@ class Trainer:
         ones and returns ``{"step", "score", "history"}`` of the choice (None without a scorer)."""
         if self.validate is None:
             return None
-        if not self.selection.scored(self.step):
-            self._score()
+        self._score_current()
         self.selection.restore(self.net)
         log.info("selected the weights of step %d (validation %.4f) of %d", self.selection.best_step,
                  self.selection.best_score, self.step)
