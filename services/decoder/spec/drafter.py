@@ -55,6 +55,12 @@ class Drafter(ABC):
         for request_id, start, features in items:
             self.observe(request_id, start, features)
 
+    def prepare(self, request_ids: list[str]) -> None:
+        """Brings the requests' draft context up to date with what they observed (a drafter that
+        defers that work until it drafts). The engine calls it just before ``propose_batch`` so
+        that the drafter's measured cost per call is the proposal alone: the deferred work is a
+        per-position cost, paid once whenever the drafter runs, however long it sat idle."""
+
     def release(self, request_id: str) -> None:
         """Forgets a finished or aborted request."""
 

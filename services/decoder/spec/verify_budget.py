@@ -69,6 +69,10 @@ class CalibratedCosts:
     MAX_LOG2 = 12  # anchors 1 .. 4096
     WEIGHT = 0.1  # of the newest measurement at its anchor
     LIMITS = (0.1, 10.0)  # the correction never goes beyond these factors (outliers: a preempted step)
+    # one measurement counts as at most this factor off the current estimate: a one-off (a GEMM
+    # pack built on first use, a page fault) must not set an anchor outright, since a budget
+    # that then never drafts would never measure again to correct it
+    MAX_JUMP = 2.0
 
     def __init__(self, table: CostTable):
         self.table = table
@@ -102,7 +106,9 @@ class CalibratedCosts:
         profiled = self.table.seconds_at(count)
         if profiled <= 0 or seconds <= 0:
             return
-        observed = min(max(seconds / profiled, self.LIMITS[0]), self.LIMITS[1])
+        current = self.ratio_at(count)
+        observed = min(max(seconds / profiled, current / self.MAX_JUMP), current * self.MAX_JUMP)
+        observed = min(max(observed, self.LIMITS[0]), self.LIMITS[1])
         x = self._log2(count)
         lo = min(int(x), self.MAX_LOG2 - 1)
         for index, share in ((lo, 1 - (x - lo)), (lo + 1, x - lo)):
@@ -114,6 +120,13 @@ class CalibratedCosts:
             if self.weights[index] == 0:
                 bisect.insort(self._seen, index)
             self.weights[index] += share
+
+    def relax(self, rate: float) -> None:
+        """Moves every correction ``rate`` of the way back to 1 (the profile): called while the
+        table is not being measured (the drafter skipped), so that an estimate made high by
+        measurements no longer current lets the drafter run, and be measured, again."""
+        for index in self._seen:
+            self.ratios[index] += rate * (1.0 - self.ratios[index])
 
 
 @dataclass(frozen=True)

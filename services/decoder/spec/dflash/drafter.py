@@ -108,6 +108,9 @@ class DFlashDrafter(Drafter):
         self._flush([request_id])
         return self.contexts[request_id]
 
+    def prepare(self, request_ids: list[str]) -> None:
+        self._flush(request_ids)
+
     def _flush(self, request_ids: list[str]) -> None:
         items = []
         for request_id in request_ids:
@@ -142,7 +145,10 @@ class DFlashDrafter(Drafter):
         anchor_ids = torch.tensor([requests[i].token_ids[-1] for i in rows], dtype=torch.int64)
         x = self.net.block_embeddings(anchor_ids, self.embed)
         hidden = self.net.blocks_hidden(x, anchors[:, None] + torch.arange(size), ctx_kv, mask)
-        raw = self.head(hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:2], -1)  # [R, S - 1, N]
+        # the heads pick left to right, so the positions no request asked for need no head rows
+        # (the block itself stays whole: its attention is bidirectional)
+        hidden = hidden[:, : min(size - 1, max(requests[i].max_tokens for i in rows))]
+        raw = self.head(hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:2], -1)  # [R, P, N]
         tokens, confidences = self.net.choose_from_logits(hidden, self.net.scale_logits(raw), anchor_ids, self.vocab,
                                                           self.successors)
         for row, i in enumerate(rows):
