@@ -21,7 +21,7 @@ STEEP = CostTable((1, 2, 4, 8), (0.010, 0.020, 0.040, 0.080))  # compute-bound: 
 def test_calibrated_costs_follow_what_serving_measures():
     costs = CalibratedCosts(FLAT)  # profiled: 10 ms at every count
     assert costs.seconds_at(64) == pytest.approx(0.010)  # nothing measured yet: the profile
-    for _ in range(50):
+    for _ in range(150):  # (one measurement moves an anchor at most 2x: 8x takes a while)
         costs.observe(8, 0.010)  # serving: 8-token steps take 10 ms ...
         costs.observe(64, 0.080)  # ... and 64-token steps (drafts verified) 80 ms
     assert costs.seconds_at(8) == pytest.approx(0.010) and costs.seconds_at(64) == pytest.approx(0.080)
@@ -342,3 +342,70 @@ def test_the_engine_calibrates_a_drafters_confidences_by_what_it_verifies(loaded
     assert speculator.calibration.survived[9] == pytest.approx(0.95 * ConfidenceCalibration.PRIOR_TRIALS)
     assert speculator.calibration([0.95])[0] < 0.5
     assert not speculator._confidences  # nothing pending once the requests finished
+
+
+def test_one_measurement_moves_a_cost_at_most_twofold_and_skipping_relaxes_it():
+    """A first drafter call that paid for a GEMM pack build (4x its usual cost) must not set the
+    estimate outright: a budget that then never drafts would never measure it again. A
+    measurement counts as at most 2x off the current estimate, and while the drafter is skipped
+    the correction relaxes back towards the profile."""
+    costs = CalibratedCosts(CostTable((1, 16), (0.010, 0.010)))
+    costs.observe(1, 0.040)
+    assert costs.seconds_at(1) == pytest.approx(0.020)  # 2x, not 4x
+    costs.observe(1, 0.040)
+    assert costs.seconds_at(1) == pytest.approx(0.010 * (2.0 + 0.1 * (4.0 - 2.0)))  # in range: averaged in
+    costs.relax(0.5)
+    assert costs.ratio_at(1) == pytest.approx(1.0 + 0.5 * 1.2)
+    for _ in range(300):
+        costs.relax(0.1)
+    assert costs.seconds_at(1) == pytest.approx(0.010)
+    costs.observe(1, 0.001)
+    assert costs.seconds_at(1) == pytest.approx(0.010 * (1 + 0.1 * (0.5 - 1)))  # downwards: at most half, averaged in
+
+
+def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_context_is_ready():
+    """The gate's predicted length (running estimate 0.5, a step table where one verified token
+    is almost free and a second costs a full step) is 1, so the drafter is asked for 2 tokens, not
+    spec_tokens; ``prepare`` (the deferred context work) runs before the timed call; a skipped
+    step relaxes the drafter's cost correction."""
+    from services.decoder.engine.request import Request
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.engine.stop_checker import StopChecker
+    from services.decoder.spec.drafter import Draft, Drafter
+    from services.decoder.spec.verify_budget import BudgetProfile
+
+    calls = []
+
+    class Recording(Drafter):
+        name = "recording"
+        prior_acceptance = 0.5
+
+        def prepare(self, request_ids):
+            calls.append(("prepare", list(request_ids)))
+
+        def propose_batch(self, requests):
+            calls.append(("propose", [r.max_tokens for r in requests]))
+            return [Draft([7] * r.max_tokens) for r in requests]
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return ""
+
+    params = SamplingParams(max_tokens=64)
+    request = Request("r", [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
+    request.num_computed_tokens = 2  # one pending token: it decodes next
+    speculator = Speculator(Recording(), spec_tokens=7)
+    steps = CostTable((1, 2, 3, 64), (0.010, 0.0101, 0.020, 1.0))
+    assert choose_draft_lengths([[0.5] * 7], 1, 1, steps) == [1]
+    speculator.profile = BudgetProfile(steps, CostTable((1, 16), (0.0, 0.0)))
+    speculator.propose([request])
+    assert calls == [("prepare", ["r"]), ("propose", [1 + speculator.LENGTH_HEADROOM])]
+    assert request.draft_ids == [7]  # the rate-based cut after drafting: the predicted length
+    # a drafter measured at 1 s per call (capped at 2x its profiled cost per measurement) is skipped,
+    # and each skipped step relaxes its correction towards the profile
+    speculator.profile = BudgetProfile(steps, CostTable((1, 16), (0.5, 0.5)))
+    speculator.draft_costs.observe(1, 1.0)
+    calls.clear()
+    speculator.propose([request])
+    assert calls == [] and speculator.num_skipped_steps == 1
+    assert speculator.draft_costs.ratio_at(1) == pytest.approx(2.0 - speculator.COST_RELAX * 1.0)
