@@ -236,6 +236,7 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "adaptive budget, pooled acceptance, median of 3": ("spec_adaptive_repeats.json", _spec),
     "retrained drafters, 6 engines interleaved": ("spec_retrained_interleaved.json", _spec),
     "calibrated confidences, 4 prompts per kind": ("spec_calibrated.json", _spec),
+    "short learned drafts (k=1, 2) and the budget that finds them": ("spec_short_drafts.json", _spec),
     "speculation vs transformers": ("spec_peer.json", _spec_peer),
     "drafters": ("spec_drafters.json", _spec),
     "drafters, long documents": ("spec_drafters_longdoc.json", _spec),

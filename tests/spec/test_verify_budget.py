@@ -409,3 +409,15 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     speculator.propose([request])
     assert calls == [] and speculator.num_skipped_steps == 1
     assert speculator.draft_costs.ratio_at(1) == pytest.approx(2.0 - speculator.COST_RELAX * 1.0)
+
+
+def test_a_draft_must_clear_the_minimum_gain():
+    """Memory-bound step (10 ms at any size), a 0.3 ms drafter, one position at p = 0.0609:
+    (1 + p) tokens in 10.3 ms is 1.03x the throughput of no draft. Taken with no margin, not
+    with a 5% one; a strong draft (0.9 over 7 positions, ~5x) is taken with it."""
+    flat = CostTable((1, 64), (0.010, 0.010))
+    p = 0.0609
+    assert (1 + p) / 0.0103 * 0.010 == pytest.approx(1.03, abs=1e-4)
+    assert choose_draft_lengths([[p]], 1, 1, flat, draft_s=0.0003) == [1]
+    assert choose_draft_lengths([[p]], 1, 1, flat, draft_s=0.0003, min_gain=0.05) == [0]
+    assert choose_draft_lengths([[0.9] * 7], 1, 1, flat, draft_s=0.0003, min_gain=0.05) == [7]

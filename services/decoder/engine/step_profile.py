@@ -20,7 +20,7 @@ PROFILE_DRAFT_REQUESTS = (1, 4, 16)
 PACK_WARMUP_REQUESTS = (1, 2, 4, 8, 16)
 
 
-def profile_engine(engine, context_tokens: int = 256, repeats: int = 3) -> BudgetProfile:
+def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> BudgetProfile:
     """Prefills one synthetic request of ``context_tokens`` tokens, times a verify step of each
     size in ``PROFILE_TOKENS`` on it (median of ``repeats``), a drafter call for it repeated
     ``PROFILE_DRAFT_REQUESTS`` times (one untimed call of each size first, then each timed call
@@ -61,8 +61,20 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 3) -> Budge
         engine.requests.pop(rid, None)
         if engine.host_tier is not None:
             engine.host_tier.flush()
-    return BudgetProfile(CostTable(PROFILE_TOKENS[: len(seconds)], tuple(seconds)),
+    return BudgetProfile(CostTable(PROFILE_TOKENS[: len(seconds)], tuple(_never_less_for_more(seconds))),
                          CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s)
+
+
+def _never_less_for_more(seconds: list[float]) -> list[float]:
+    """A step of more tokens does the same work and more, so a smaller step's time is at most
+    that of any larger one: each time becomes the minimum of it and every later one. One
+    disturbed measurement (a transient load, a page fault) then cannot price a small step above
+    a large one, which would make drafts look free: the budget would verify up to the larger
+    size on every step, and never measure the small step again to correct it."""
+    out = list(seconds)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
 
 
 def _after_target_step(engine, sched: ScheduledRequest, call) -> float:

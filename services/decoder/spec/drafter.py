@@ -57,9 +57,9 @@ class Drafter(ABC):
 
     def prepare(self, request_ids: list[str]) -> None:
         """Brings the requests' draft context up to date with what they observed (a drafter that
-        defers that work until it drafts). The engine calls it just before ``propose_batch`` so
-        that the drafter's measured cost per call is the proposal alone: the deferred work is a
-        per-position cost, paid once whenever the drafter runs, however long it sat idle."""
+        defers that work until it drafts). The engine calls it just before ``propose_batch``,
+        timing both as the call's cost; the start-up profile calls it before timing, so that a
+        long idle stretch's backlog is not priced as a proposal."""
 
     def release(self, request_id: str) -> None:
         """Forgets a finished or aborted request."""

@@ -269,7 +269,8 @@ def expected_committed(confidences: list[float]) -> float:
 
 def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int,
                          costs: CostTable | CalibratedCosts,
-                         fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0) -> list[int]:
+                         fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
+                         min_gain: float = 0.0) -> list[int]:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -282,7 +283,9 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     plus the request's fetches; within a request that is position order), and the best prefix of
     that order wins (ties go to fewer tokens; the empty prefix, no
     speculation, is always a candidate). ``draft_s``: seconds charged once if any position is
-    taken (the drafter's own forward, when it has not run yet)."""
+    taken (the drafter's own forward, when it has not run yet). ``min_gain``: a draft must
+    promise at least this fraction more tokens per second than none (a margin for what the model
+    leaves out: estimation noise, per-draft bookkeeping)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
     slope = max((costs.seconds_at(tokens_base + 16) - costs.seconds_at(tokens_base)) / 16, 1e-9)
@@ -296,7 +299,7 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     best_lengths = list(lengths)
     expected, tokens, fetch_s = float(committed_base), tokens_base, 0.0
     step_s = costs.seconds_at(tokens)
-    best_rate = expected / max(step_s, 1e-12)
+    best_rate = expected / max(step_s, 1e-12) * (1 + min_gain)
     while heap:
         _, r, k = heapq.heappop(heap)
         alive[r] *= confidences[r][k]
