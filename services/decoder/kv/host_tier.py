@@ -18,7 +18,6 @@ import logging
 import time
 
 import grpc
-import torch
 
 from services.decoder.kv import page_copy
 from services.decoder.kv.hot_pool import HotPool
