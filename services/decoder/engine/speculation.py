@@ -62,12 +62,12 @@ class Speculator:
     # by two unlucky probes
     REQUEST_WEIGHT = 0.1
     LENGTH_HEADROOM = 1
-    # the drafter runs only if drafting promises this much more throughput than not: at c=4 on 2
-    # cores a draft is break-even by the model, and the requests it picks are those whose noisy
-    # estimates read high, so "break-even" measured 0.89-1.02x of no speculation. At c=1 a
-    # learned draft promises ~12% at the drafter's mean survival, but a request whose estimate
-    # fell (70% of one-token probes fail) drifts back only slowly: 5% there cut dflash from
-    # 1.08x to 1.01x, so the margin is small
+    # the drafter runs only if drafting promises this much more throughput than not, per request
+    # that drafts: at c=4 on 2 cores the model priced learned drafts at break-even to +3% where
+    # they measured 0.85-1.02x of no speculation (unpriced per-draft work, and the requests picked
+    # are those whose noisy estimates read high). At c=1 a learned draft promises ~12% at the
+    # drafter's mean survival, but a request whose estimate fell (70% of one-token probes fail)
+    # drifts back only slowly: a flat 5% there cut dflash from 1.08x to 1.01x
     MIN_GAIN = 0.02
     COST_RELAX = 0.02  # of the drafter's cost correction undone per skipped step (see CalibratedCosts.relax)  # draft positions asked for beyond the running estimate's predicted length
 

@@ -283,9 +283,10 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     plus the request's fetches; within a request that is position order), and the best prefix of
     that order wins (ties go to fewer tokens; the empty prefix, no
     speculation, is always a candidate). ``draft_s``: seconds charged once if any position is
-    taken (the drafter's own forward, when it has not run yet). ``min_gain``: a draft must
-    promise at least this fraction more tokens per second than none (a margin for what the model
-    leaves out: estimation noise, per-draft bookkeeping)."""
+    taken (the drafter's own forward, when it has not run yet). ``min_gain``: drafts must
+    promise at least this fraction more tokens per second than none, per drafting request (a
+    margin for what the model leaves out and grows with the requests that draft: verification
+    bookkeeping, and the noise of the estimates that picked them)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
     slope = max((costs.seconds_at(tokens_base + 16) - costs.seconds_at(tokens_base)) / 16, 1e-9)
@@ -299,19 +300,21 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     best_lengths = list(lengths)
     expected, tokens, fetch_s = float(committed_base), tokens_base, 0.0
     step_s = costs.seconds_at(tokens)
-    best_rate = expected / max(step_s, 1e-12) * (1 + min_gain)
+    base_rate = best_rate = expected / max(step_s, 1e-12)
+    drafting = 0  # requests with a position taken so far
     while heap:
         _, r, k = heapq.heappop(heap)
         alive[r] *= confidences[r][k]
         expected += alive[r]
         tokens += 1
         fetch_s += fetch[r]
+        drafting += k == 0
         lengths[r] = k + 1
         # a step with more tokens never costs less: a calibrated table can dip between anchors
         # measured at different times (a slow first decode step next to a fast prefill)
         step_s = max(step_s, costs.seconds_at(tokens))
         rate = expected / max(step_s + fetch_s + draft_s, 1e-12)
-        if rate > best_rate * (1 + 1e-9):
+        if rate > best_rate * (1 + 1e-9) and rate >= base_rate * (1 + min_gain * drafting):
             best_rate, best_lengths = rate, list(lengths)
         if k + 1 < len(confidences[r]):
             heapq.heappush(heap, (-alive[r] * confidences[r][k + 1] / price[r], r, k + 1))
