@@ -6,7 +6,6 @@ from dhisparse import LLM, SamplingParams
 from services.decoder.spec.verify_budget import (
     AcceptanceEstimate,
     CalibratedCosts,
-    ConfidenceCalibration,
     CostTable,
     choose_draft_length,
     choose_draft_lengths,
@@ -266,82 +265,6 @@ def test_requests_start_from_and_drift_to_the_drafters_pooled_acceptance(loaded_
         assert (verified > 0) == drafts
         # the pooled estimate moved only if drafts were verified (one pseudo-trial + EMA of them)
         assert (speculator.acceptance.trials != 1.0) == drafts
-
-
-def test_confidence_calibration_starts_as_identity_and_learns_an_overconfident_head():
-    cal = ConfidenceCalibration()
-    assert cal([0.05, 0.3, 0.55, 0.95]) == pytest.approx([0.05, 0.3, 0.55, 0.95])
-    # a head that says 0.57 where one position in four survives (single-position drafts)
-    for i in range(100):
-        cal.observe([0.57], 1 if i % 4 == 0 else 0)
-    # bin 0.5-0.6: (25 + 4 * 0.55) / 104 = 0.26, below the identity priors of bins 0.3-0.5, which
-    # the isotonic fit pools with it: (4 * 0.35 + 4 * 0.45 + 27.2) / 112
-    pooled = (1.4 + 1.8 + 27.2) / 112
-    assert cal.rates()[3:6] == pytest.approx([pooled] * 3)
-    assert cal([0.55])[0] == pytest.approx(pooled)
-    assert cal([0.25])[0] == pytest.approx(0.25)  # bins it never measured keep their priors
-    assert cal([0.95])[0] == pytest.approx(0.95)
-    rates = cal.rates()
-    assert all(a <= b for a, b in zip(rates, rates[1:]))
-
-
-def test_confidence_calibration_counts_only_positions_whose_prefix_survived():
-    cal = ConfidenceCalibration()
-    cal.observe([0.95, 0.95, 0.95, 0.15], 0)  # one trial (failed); the rest were never tried
-    assert cal.trials[9] == pytest.approx(5.0) and cal.survived[9] == pytest.approx(3.8)
-    assert cal.trials[1] == pytest.approx(4.0)
-    cal.observe([0.95, 0.15, 0.95], 3)  # all three survived: three trials, two bins
-    assert cal.trials[9] == pytest.approx(7.0) and cal.survived[9] == pytest.approx(5.8)
-    assert cal.trials[1] == pytest.approx(5.0) and cal.survived[1] == pytest.approx(1.6)
-
-
-def test_confidence_calibration_forgets_old_counts_beyond_its_cap():
-    cal = ConfidenceCalibration()
-    for _ in range(1000):
-        cal.observe([0.75], 1)
-    assert cal.trials[7] == pytest.approx(cal.MAX_TRIALS, rel=0.01)
-    for _ in range(400):
-        cal.observe([0.75], 0)
-    # after the text changed, the rate follows: about half the capped counts are new failures
-    assert 0.25 < cal([0.75])[0] < 0.5
-
-
-def test_calibrated_confidences_shrink_the_budget_of_an_overconfident_head():
-    cal = ConfidenceCalibration()
-    for i in range(200):
-        cal.observe([0.9], 1 if i % 5 == 0 else 0)  # 0.9 claimed, 0.2 measured
-    linear = CostTable((1, 64), (0.010, 0.010 + 63 * 0.004))
-    # at the claimed 0.9, four positions: E(4) = 4.10 tokens / 26 ms beats E(5) = 4.69 / 30 ms
-    assert choose_draft_lengths([[0.9] * 7], 1, 1, linear) == [4]
-    assert choose_draft_lengths([cal([0.9] * 7)], 1, 1, linear) == [0]
-
-
-def test_the_engine_calibrates_a_drafters_confidences_by_what_it_verifies(loaded_model):
-    """A drafter that proposes a token the target never picks, at confidence 0.95: every verify
-    step is one failed trial in the 0.9-1.0 bin (the later positions are never tried), so the
-    calibration's counts grow by exactly the verify steps, and 0.95 reads as a low survival."""
-    from services.decoder.spec.drafter import Draft, Drafter
-
-    class ConfidentlyWrong(Drafter):
-        name = "wrong"
-
-        def propose_batch(self, requests):
-            return [Draft([49151] * r.max_tokens, [0.95] * r.max_tokens) for r in requests]
-
-    prompts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return"]
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    plain = LLM(loaded=loaded_model).generate(prompts, params)
-    llm = LLM(loaded=loaded_model, spec="ngram", spec_tokens=4)
-    speculator = llm.engine.speculator
-    speculator.drafter = ConfidentlyWrong()
-    outs = llm.generate(prompts, params)
-    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
-    steps = outs[0].stats["num_verify_steps"]
-    assert steps > 10 and outs[0].stats["accepted_tokens"] == 0
-    assert speculator.calibration.trials[9] == pytest.approx(ConfidenceCalibration.PRIOR_TRIALS + steps)
-    assert speculator.calibration.survived[9] == pytest.approx(0.95 * ConfidenceCalibration.PRIOR_TRIALS)
-    assert speculator.calibration([0.95])[0] < 0.5
-    assert not speculator._confidences  # nothing pending once the requests finished
 
 
 def test_one_measurement_moves_a_cost_at_most_twofold_and_skipping_relaxes_it():

@@ -61,7 +61,7 @@ class Speculator:
     # drafter whose survival sits just above break-even (0.3 vs 0.23 at c=1) is not switched off
     # by two unlucky probes
     REQUEST_WEIGHT = 0.1
-    LENGTH_HEADROOM = 1
+    LENGTH_HEADROOM = 1  # draft positions asked for beyond the running estimate's predicted length
     # the drafter runs only if drafting promises this much more throughput than not, per request
     # that drafts: at c=4 on 2 cores the model priced learned drafts at break-even to +3% where
     # they measured 0.85-1.02x of no speculation (unpriced per-draft work, and the requests picked
@@ -69,7 +69,7 @@ class Speculator:
     # drafter's mean survival, but a request whose estimate fell (70% of one-token probes fail)
     # drifts back only slowly: a flat 5% there cut dflash from 1.08x to 1.01x
     MIN_GAIN = 0.02
-    COST_RELAX = 0.02  # of the drafter's cost correction undone per skipped step (see CalibratedCosts.relax)  # draft positions asked for beyond the running estimate's predicted length
+    COST_RELAX = 0.02  # of the drafter's cost correction undone per skipped step (see CalibratedCosts.relax)
 
     def __init__(self, drafter: Drafter, spec_tokens: int):
         self.drafter = drafter

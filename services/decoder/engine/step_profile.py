@@ -35,20 +35,22 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
         while request.num_computed_tokens < len(prompt):
             engine.step()
         seconds = []
-        scheds = []
         for num_tokens in PROFILE_TOKENS:
             if not engine.controller.grow(request, request.num_computed_tokens + num_tokens):
                 break
             sched = ScheduledRequest(request, 1, [prompt[0]] * (num_tokens - 1))
-            scheds.append(sched)
             seconds.append(_median_s(lambda sched=sched: engine.runner.execute([sched]), repeats))
         drafter = engine.speculator.drafter
         drafter.prepare([rid])
         asks = {n: [DraftRequest(rid, prompt, engine.speculator.spec_tokens)] * n for n in PACK_WARMUP_REQUESTS}
         for n in PACK_WARMUP_REQUESTS:  # untimed: the first call at a row count builds its GEMM packs
             drafter.propose_batch(asks[n])
-        draft_seconds = [statistics.median(_after_target_step(engine, scheds[0], lambda n=n: drafter.propose_batch(asks[n]))
-                                           for _ in range(repeats)) for n in PROFILE_DRAFT_REQUESTS]
+        # each timed call right after a target step, as while serving: the step reads every target
+        # weight and evicts the drafter's from the caches (back-to-back calls read ~30% faster)
+        decode_step = ScheduledRequest(request, 1, [])
+        draft_seconds = [_median_s(lambda n=n: drafter.propose_batch(asks[n]), repeats,
+                                   before=lambda: engine.runner.execute([decode_step]))
+                         for n in PROFILE_DRAFT_REQUESTS]
         fetch_s = 0.0
         tier = engine.host_tier
         if tier is not None and request.num_host_pages:
@@ -77,19 +79,12 @@ def _never_less_for_more(seconds: list[float]) -> list[float]:
     return out
 
 
-def _after_target_step(engine, sched: ScheduledRequest, call) -> float:
-    """Seconds of ``call`` right after a target step, as while serving: the step reads every
-    target weight and evicts the drafter's from the caches (back-to-back drafter calls would
-    find them cached and read ~30% faster than serving ever sees)."""
-    engine.runner.execute([sched])
-    start = time.perf_counter()
-    call()
-    return time.perf_counter() - start
-
-
-def _median_s(call, repeats: int) -> float:
+def _median_s(call, repeats: int, before=None) -> float:
+    """Median seconds of ``call`` over ``repeats``; ``before`` (untimed) runs ahead of each."""
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)

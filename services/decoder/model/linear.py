@@ -5,8 +5,9 @@ takes ~2.4x the time of 1 row although it reads the same weight bytes (measured 
 2-core machines). MKL's packed GEMM (``cblas_sgemm_pack``, exposed as ``torch.ops.mkl``) keeps
 8-64 rows close to the one-row cost, but a pack is built for one exact row count. So row counts
 in [4, 64] are padded up to a bucket (8, 16, 32, 64) whose pack is built on first use; other
-counts use ``F.linear`` (3 rows: sgemm ~1.17x one row, an 8-row pack ~1.37x). A pack holds a re-laid-out copy of the weight, so each used bucket costs
-about one more weight copy of memory; ``packed_gemm=False`` turns the whole mechanism off.
+counts use ``F.linear`` (3 rows: sgemm ~1.17x one row, an 8-row pack ~1.37x). A pack holds a
+re-laid-out copy of the weight, so each used bucket costs about one more weight copy of memory;
+``packed_gemm=False`` turns the whole mechanism off.
 """
 
 from __future__ import annotations
