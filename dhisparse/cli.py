@@ -182,10 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         service.add_argument("rest", nargs=argparse.REMAINDER)
         service.set_defaults(func=_cmd_service, service=name)
     from dhisparse.train_cli import add_eval_parser as add_eval_drafter_parser
+    from dhisparse.train_cli import add_export_parser as add_export_distilled_parser
     from dhisparse.train_cli import add_parser as add_train_drafter_parser
 
     add_train_drafter_parser(sub)
     add_eval_drafter_parser(sub)
+    add_export_distilled_parser(sub)
     return parser
 
 

@@ -29,6 +29,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="distillation cache and features (shared between runs)")
     p.add_argument("--run-dir", type=Path, default=None, help="training state (default: DATA_DIR/runs/<out name>)")
     p.add_argument("--text-files", nargs="*", default=[], help="plain text files added as training sequences")
+    p.add_argument("--distilled", nargs="*", type=Path, default=None,
+                   help="distillation shards (.jsonl.xz) to seed the cache with (default: the shards this repository "
+                        "ships for the default model; give the flag alone for none)")
     p.add_argument("--num-prompts", type=int, default=4000, help="built-in prompts to distil (prefix of a fixed order)")
     p.add_argument("--distill-kinds", type=lambda t: tuple(k for k in t.split(",") if k), default=None,
                    help="distil only these built-in prompt kinds, comma-separated (chat, code, doc)")
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     opts = PipelineOptions(
         kind=args.kind, out=args.out, data_dir=args.data_dir, run_dir=args.run_dir, num_prompts=args.num_prompts,
         distill_minutes=args.distill_minutes, concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
-        text_files=list(args.text_files), num_layers=args.layers, block_size=args.block_size,
+        text_files=list(args.text_files), distilled=_distilled(args.distilled), num_layers=args.layers, block_size=args.block_size,
         target_layers=args.target_layers or DEFAULT_TARGET_LAYERS, intermediate_size=args.intermediate_size,
         markov_rank=args.markov_rank, context_window=args.context_window, init_from=args.init_from,
         init_target=args.init_target_layers, resume=args.resume, validation_percent=args.validation_percent,
@@ -94,6 +97,41 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress, train=train,
     )
     run_pipeline(opts)
+    return 0
+
+
+def _distilled(paths: list[Path] | None) -> list[Path]:
+    from services.decoder.spec.training.archive import shipped_shards
+
+    return shipped_shards() if paths is None else list(paths)
+
+
+def add_export_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("export-distilled", help="write a distillation cache's new records as a shard to ship",
+                       description="Writes the records of DATA_DIR's distillation cache that no shipped shard holds "
+                                   "to a new xz-compressed shard (default: the repository's shard folder for the "
+                                   "default model), so the next machine's train-drafter starts from them.")
+    p.add_argument("--data-dir", type=Path, default=Path("drafter-data"), help="distillation cache")
+    p.add_argument("--name", required=True, help="the shard's name (one per data round, e.g. 2026-12-01-chat)")
+    p.add_argument("--shard-dir", type=Path, default=None, help="where shards live (default: the shipped folder)")
+    p.set_defaults(func=run_export)
+    return p
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from services.decoder.engine.llm import LLM
+    from services.decoder.spec.training.archive import (
+        SHARD_SUFFIX,
+        SHIPPED_DATA_DIR,
+        export_shard,
+        shipped_shards,
+    )
+
+    shard_dir = args.shard_dir or SHIPPED_DATA_DIR
+    vocab_size = LLM(max_num_seqs=1).engine.model.config.vocab_size
+    out = shard_dir / (args.name + SHARD_SUFFIX)
+    written = export_shard(args.data_dir, out, shipped_shards(shard_dir), vocab_size)
+    print(f"{written} records written to {out}" if written else "no records new to the shipped shards")
     return 0
 
 

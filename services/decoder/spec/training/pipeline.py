@@ -1,6 +1,7 @@
-"""``train-drafter`` end to end: distil (capturing features) -> extract missing features -> train -> held-out evaluation ->
-checkpoint + model card. Every stage is resumable and skips work already on disk, so rerunning
-the same command (or ``--resume``) continues where a killed run stopped.
+"""``train-drafter`` end to end: seed the cache from shipped shards -> distil (capturing
+features) -> extract missing features -> train -> held-out evaluation -> checkpoint + model card.
+Every stage is resumable and skips work already on disk, so rerunning the same command (or
+``--resume``) continues where a killed run stopped.
 
 Files: ``<data_dir>/distill.jsonl`` and ``<data_dir>/features-*/`` (shared by runs that use the
 same target layers), ``<run_dir>/train_state.pt`` (default ``<data_dir>/runs/<out name>/``), and
@@ -27,6 +28,7 @@ from services.decoder.spec.dflash.checkpoint import (
 from services.decoder.spec.dflash.config import DEFAULT_CONTEXT_WINDOW, DraftConfig
 from services.decoder.spec.dflash.model import DraftNet
 from services.decoder.spec.ngram import NgramDrafter
+from services.decoder.spec.training.archive import import_shards
 from services.decoder.spec.training.dataset import load_dataset
 from services.decoder.spec.training.distill import (
     add_text_files,
@@ -60,6 +62,7 @@ class PipelineOptions:
     concurrency: int = 16
     max_new_tokens: int = 256
     text_files: list[str] = field(default_factory=list)
+    distilled: list[Path] = field(default_factory=list)  # shipped shards seeding the cache (archive.py)
     num_layers: int = 2
     block_size: int = 8
     target_layers: tuple[int, ...] = DEFAULT_TARGET_LAYERS
@@ -111,6 +114,9 @@ def prepare_data(llm, opts: PipelineOptions) -> dict:
     """Distils the prompts not yet cached (capturing their features), adds text-file chunks,
     then extracts the features still missing with a dense prefill."""
     opts.data_dir.mkdir(parents=True, exist_ok=True)
+    if opts.distilled:
+        added = import_shards(opts.data_dir, opts.distilled, llm.engine.model.config.vocab_size)
+        log.info("distillation shards %s: %d records new to the cache", [p.name for p in opts.distilled], added)
     if opts.text_files:
         added = add_text_files(opts.data_dir, opts.text_files, llm.tokenizer.encode)
         log.info("text files: %d new chunks", added)

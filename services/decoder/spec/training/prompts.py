@@ -61,6 +61,48 @@ TOPICS = (
     "yoga", "stress", "mindfulness at work", "the Olympic Games", "football", "tennis",
 )
 
+# Added for the second data round (2026-12-01), so chat distillation has prompts left to answer.
+# A separate tuple: ``{other}`` is picked within a topic's own tuple, so the first round's
+# prompt texts (and the keys of their cached answers) stay what they were.
+MORE_TOPICS = (
+    "the history of money", "credit scores", "renting versus buying a home", "car maintenance",
+    "bicycle commuting", "home insulation", "heat pumps", "water purification", "desalination",
+    "the ozone layer", "air pollution", "noise pollution", "light pollution", "biodiversity",
+    "endangered species", "national parks", "wildfires", "floods", "tsunamis", "avalanches",
+    "the Arctic", "Antarctica", "the Sahara", "the Himalayas", "the Mediterranean diet",
+    "vitamins", "sugar", "caffeine", "vegetarian cooking", "fermentation", "cheese making",
+    "tea", "chocolate", "spices", "street food", "table manners", "wedding planning",
+    "birthday parties", "moving to a new city", "learning to drive", "learning to swim",
+    "playing the guitar", "learning the piano", "singing", "dancing", "photography",
+    "drawing for beginners", "watercolor painting", "knitting", "woodworking", "pottery",
+    "origami", "board games", "puzzles", "crossword puzzles", "magic tricks", "stand-up comedy",
+    "theater", "opera", "classical music", "rock music", "hip hop", "podcasts", "radio",
+    "newspapers", "journalism", "fake news", "advertising", "branding", "e-commerce",
+    "online shopping safety", "customer reviews", "small talk", "active listening",
+    "giving feedback", "conflict resolution", "making decisions", "setting goals",
+    "building habits", "procrastination", "motivation", "curiosity", "creativity",
+    "critical thinking", "logical fallacies", "philosophy", "ethics", "Stoicism",
+    "the Greek myths", "Norse mythology", "the Vikings", "the Aztecs", "the Maya",
+    "the Ottoman Empire", "the Cold War", "the space race", "the Mars rovers",
+    "the International Space Station", "telescopes", "comets", "exoplanets", "the Big Bang",
+    "dark matter", "atoms", "the periodic table", "chemical reactions", "acids and bases",
+    "electricity", "circuits", "semiconductors", "transistors", "microprocessors",
+    "computer memory", "hard drives", "keyboards", "touch screens", "wifi", "Bluetooth",
+    "GPS", "satellites", "5G networks", "email", "spam filters", "search engines",
+    "recommendation systems", "neural networks", "large language models", "chatbots",
+    "computer vision", "speech recognition", "machine translation", "data science",
+    "data visualization", "SQL", "Python programming", "JavaScript", "functional programming",
+    "object-oriented programming", "design patterns", "code reviews", "debugging",
+    "technical debt", "agile development", "project management", "documentation",
+    "APIs", "microservices", "containers", "continuous integration", "backups",
+    "two-factor authentication", "phishing", "malware", "firewalls", "online privacy for kids",
+    "screen time", "digital detox", "handwriting", "speed reading", "memory techniques",
+    "studying for exams", "homeschooling", "online courses", "scholarships", "student loans",
+    "choosing a career", "internships", "mentorship", "networking", "public libraries",
+    "city parks", "bridges", "skyscrapers", "tunnels", "railways", "airports", "ships",
+    "submarines", "hot air balloons", "the Wright brothers", "the telephone", "the light bulb",
+)
+
 CHAT_TEMPLATES = (
     "Explain {topic} to a beginner.",
     "Explain {topic} in simple terms, as if to a ten-year-old.",
@@ -87,6 +129,21 @@ CHAT_TEMPLATES = (
     "Compare {topic} and {other}.",
     "What do {topic} and {other} have in common?",
     "Write a short story that connects {topic} and {other}.",
+    "What is the difference between {topic} and {other}?",
+    "Give me a simple analogy that explains {topic}.",
+    "What are the biggest challenges in {topic} today?",
+    "Write a haiku about {topic}.",
+    "Write a short speech about {topic} for a school assembly.",
+    "What are some good books or resources to learn about {topic}?",
+    "Explain {topic} in exactly three sentences.",
+    "What mistakes do beginners make with {topic}?",
+    "Write a product description for an app that teaches {topic}.",
+    "Write a limerick about {topic}.",
+    "Give me a fun fact about {topic} and explain why it is true.",
+    "How would you explain {topic} to someone from the year 1800?",
+    "Write a short news report about a discovery related to {topic}.",
+    "What careers are related to {topic}?",
+    "Make a checklist for someone interested in {topic}.",
 )
 
 CODE_EDIT_TEMPLATES = (
@@ -178,10 +235,11 @@ def _summary(doc: str) -> str:
 
 def chat_prompts() -> list[Prompt]:
     out = []
-    for i, topic in enumerate(TOPICS):
-        other = TOPICS[(i * 7 + 3) % len(TOPICS)]
-        for template in CHAT_TEMPLATES:
-            out.append(_prompt("chat", topic, template.format(topic=topic, other=other)))
+    for topics in (TOPICS, MORE_TOPICS):
+        for i, topic in enumerate(topics):
+            other = topics[(i * 7 + 3) % len(topics)]
+            for template in CHAT_TEMPLATES:
+                out.append(_prompt("chat", topic, template.format(topic=topic, other=other)))
     return out
 
 
