@@ -58,10 +58,13 @@ class CandidateSelector(LowRankTransition):
 
 
 class MarkovHead(LowRankTransition):
-    def logits(self, hidden: torch.Tensor, prev: torch.Tensor, base_logits: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, prev: torch.Tensor, base_logits: torch.Tensor,
+               vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher-forced (training) or one position (inference): ``hidden: [..., H]``,
-        ``prev: [...]``, ``base_logits: [..., V]`` -> ``[..., V]``."""
-        return base_logits + self.query(prev, hidden) @ self.successor_codebook.T
+        ``prev: [...]``, ``base_logits: [..., N]`` -> ``[..., N]`` (``N`` = V, or the ids in
+        ``vocab``)."""
+        successors = self.successor_codebook if vocab is None else self.successor_codebook[vocab]
+        return base_logits + self.query(prev, hidden) @ successors.T
 
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
                vocab: torch.Tensor | None = None, successors: torch.Tensor | None = None

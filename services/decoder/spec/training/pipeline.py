@@ -41,7 +41,12 @@ from services.decoder.spec.training.evaluate import draft_acceptance, ngram_acce
 from services.decoder.spec.training.features import FeatureStore, extract_features
 from services.decoder.spec.training.prompts import PROMPT_KINDS, Prompt, build_prompts
 from services.decoder.spec.training.target_init import init_from_target
-from services.decoder.spec.training.trainer import Trainer, TrainOptions, init_trainable
+from services.decoder.spec.training.trainer import (
+    DraftVocabulary,
+    Trainer,
+    TrainOptions,
+    init_trainable,
+)
 from services.decoder.spec.training.validation import split_validation
 
 log = logging.getLogger("dhisparse.train_drafter")
@@ -266,7 +271,7 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
 
     run_dir = opts.run_dir or opts.data_dir / "runs" / Path(opts.out).name
     trainer = Trainer(net, embed, train, opts.train, run_dir, resume=opts.resume,
-                      validate=validate if validation else None)
+                      validate=validate if validation else None, vocab=DraftVocabulary(vocab_ids, cfg.vocab_size))
     metrics = trainer.train(progress=opts.progress)
     log.info("trained %d steps in %.1f min: %s", trainer.step, trainer.elapsed_s / 60, metrics)
     selection = trainer.select_best() if opts.ship_weights == "best" else trainer.keep_last()

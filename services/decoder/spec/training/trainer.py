@@ -6,7 +6,8 @@ sequence (the inference forward) gives the drafted positions' hidden states. Los
 
 - DFlash / DFlash2: cross-entropy of the base logits (target's frozen LM head) against the true
   continuation, position ``k`` of the block weighted ``exp(-(k - 1) / decay)`` (early positions
-  decide acceptance);
+  decide acceptance); with a ``DraftVocabulary`` the logits span only the ids the served
+  drafter drafts from;
 - DSpark: the same CE on the Markov-corrected logits (teacher-forced: the previous token is the
   true one) plus ``bce_weight`` x BCE of the confidence head, whose target is whether the
   position's greedy draft token equals the label (the head reads detached hidden states).
@@ -82,20 +83,40 @@ def init_trainable(net: DraftNet, seed: int = 0) -> None:
                 head.predecessor_codebook.copy_(torch.randn(head.predecessor_codebook.shape, generator=gen))
 
 
-def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: torch.Tensor, options: TrainOptions) -> tuple[torch.Tensor, dict]:
+class DraftVocabulary:
+    """The ids a served drafter drafts from (``draft_vocab.json``) and the map from a token id
+    to its row among them (``IGNORED`` outside). Training over them computes the head for a third
+    of SmolLM2's rows, and a label outside them is one no draft can match anyway."""
+
+    IGNORED = -100  # F.cross_entropy's ignore_index
+
+    def __init__(self, ids: torch.Tensor, vocab_size: int):
+        self.ids = ids.long()
+        self.row_of = torch.full((vocab_size,), self.IGNORED, dtype=torch.long)
+        self.row_of[self.ids] = torch.arange(len(self.ids))
+
+
+def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: torch.Tensor, options: TrainOptions,
+                  vocab: DraftVocabulary | None = None) -> tuple[torch.Tensor, dict]:
     """Loss of one sequence's anchors and its metrics (``ce``, ``acc1``: first-position top-1
-    accuracy, ``bce`` for DSpark)."""
+    accuracy, ``bce`` for DSpark). With ``vocab`` the logits are over the draft vocabulary only
+    (as served); positions whose label is outside it count as misses and carry no CE."""
     size = net.cfg.block_size
     offsets = torch.arange(1, size)
     labels = seq.token_ids[anchors[:, None] + offsets]  # [N, P]
     hidden = net.sequence_blocks(seq.features.to(embed.dtype), seq.token_ids, anchors, embed)  # [N, P, H]
-    logits = net.base_logits(hidden, embed)  # [N, P, V]
+    ids = None if vocab is None else vocab.ids
+    logits = net.base_logits(hidden, embed if ids is None else embed[ids])  # [N, P, V or len(ids)]
     if net.markov_head is not None:
         prev = seq.token_ids[anchors[:, None] + offsets - 1]  # teacher-forced previous tokens
-        logits = net.markov_head.logits(hidden, prev, logits)
+        logits = net.markov_head.logits(hidden, prev, logits, ids)
+    if vocab is not None:
+        labels = vocab.row_of[labels]
     weights = position_weights(size - 1, options.decay)
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
-    ce = (ce * weights).sum() / (weights.sum() * labels.shape[0])
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none",
+                         ignore_index=DraftVocabulary.IGNORED).view(labels.shape)
+    counted = weights * (labels != DraftVocabulary.IGNORED)  # [N, P]
+    ce = (ce * counted).sum() / counted.sum().clamp_min(1e-6)
     with torch.no_grad():
         top_logit, drafted = logits.max(dim=-1)
         hit = (drafted == labels).float()
@@ -112,7 +133,8 @@ def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: to
 
 class Trainer:
     def __init__(self, net: DraftNet, embed: torch.Tensor, sequences: list[Sequence], options: TrainOptions,
-                 run_dir: str | Path, resume: bool = False, validate: Callable[[DraftNet], float] | None = None):
+                 run_dir: str | Path, resume: bool = False, validate: Callable[[DraftNet], float] | None = None,
+                 vocab: DraftVocabulary | None = None):
         size = net.cfg.block_size
         self.sequences = [s for s in sequences if s.num_anchors(size) > 0]
         if not self.sequences:
@@ -131,6 +153,7 @@ class Trainer:
         self.tokens_seen = 0
         self.last_metrics: dict = {}
         self.validate = validate
+        self.vocab = vocab
         self.selection = BestSnapshot()
         if resume:
             self._load_state()
@@ -205,7 +228,7 @@ class Trainer:
         totals: dict[str, float] = {}
         batch = self.sample_batch()
         for seq, anchors in batch:
-            loss, metrics = sequence_loss(self.net, self.embed, seq, anchors, self.options)
+            loss, metrics = sequence_loss(self.net, self.embed, seq, anchors, self.options, self.vocab)
             (loss / len(batch)).backward()
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value / len(batch)
