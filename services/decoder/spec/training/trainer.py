@@ -94,6 +94,14 @@ class DraftVocabulary:
         self.ids = ids.long()
         self.row_of = torch.full((vocab_size,), self.IGNORED, dtype=torch.long)
         self.row_of[self.ids] = torch.arange(len(self.ids))
+        self._head: tuple[torch.Tensor, torch.Tensor] | None = None  # (embed, its rows at ids)
+
+    def head(self, embed: torch.Tensor) -> torch.Tensor:
+        """``embed[ids]``: ``[len(ids), H]``, gathered once per ``embed`` (the frozen tied head),
+        not once per training sequence."""
+        if self._head is None or self._head[0] is not embed:
+            self._head = (embed, embed[self.ids])
+        return self._head[1]
 
 
 def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: torch.Tensor, options: TrainOptions,
@@ -106,7 +114,7 @@ def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: to
     labels = seq.token_ids[anchors[:, None] + offsets]  # [N, P]
     hidden = net.sequence_blocks(seq.features.to(embed.dtype), seq.token_ids, anchors, embed)  # [N, P, H]
     ids = None if vocab is None else vocab.ids
-    logits = net.base_logits(hidden, embed if ids is None else embed[ids])  # [N, P, V or len(ids)]
+    logits = net.base_logits(hidden, embed if vocab is None else vocab.head(embed))  # [N, P, V or len(ids)]
     if net.markov_head is not None:
         prev = seq.token_ids[anchors[:, None] + offsets - 1]  # teacher-forced previous tokens
         logits = net.markov_head.logits(hidden, prev, logits, ids)
