@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from services.decoder.spec.dflash.drafter import DEFAULT_TARGET
-from services.decoder.spec.training.distill import Record, RecordWriter, read_records
+from services.decoder.spec.training.distill import Record, append_new, read_records
 
 SHIPPED_DATA_DIR = Path(__file__).resolve().parent / "distilled" / DEFAULT_TARGET
 SHARD_SUFFIX = ".jsonl.xz"
@@ -63,20 +63,7 @@ def import_shards(data_dir: str | Path, shards: list[Path], vocab_size: int) -> 
     """Appends to the cache the shards' records whose keys it lacks; returns how many. Every
     shard is read and checked before the cache is touched, so a bad shard changes nothing."""
     incoming = [record for shard in shards for record in read_shard(shard, vocab_size)]
-    done = {r.key for r in read_records(data_dir)}
-    new = []
-    for record in incoming:
-        if record.key not in done:  # a key two shards share is taken once, from the first
-            done.add(record.key)
-            new.append(record)
-    if new:
-        writer = RecordWriter(data_dir)
-        try:
-            for record in new:
-                writer.write(record)
-        finally:
-            writer.close()
-    return len(new)
+    return append_new(data_dir, incoming)  # a key two shards share is taken once, from the first
 
 
 def export_shard(data_dir: str | Path, out: str | Path, shipped: list[Path], vocab_size: int) -> int:

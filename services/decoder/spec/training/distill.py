@@ -131,19 +131,29 @@ class FeatureRecorder(Drafter):
         """Keeps the rows: ``take`` collects them after the engine releases the request."""
 
 
+def append_new(data_dir: str | Path, records: Iterable[Record]) -> int:
+    """Appends the records whose keys the cache lacks (of two with one key, the first); returns
+    how many. The cache is not opened for writing when none is new."""
+    done = {r.key for r in read_records(data_dir)}
+    new = []
+    for record in records:
+        if record.key not in done:
+            done.add(record.key)
+            new.append(record)
+    if new:
+        writer = RecordWriter(data_dir)
+        try:
+            for record in new:
+                writer.write(record)
+        finally:
+            writer.close()
+    return len(new)
+
+
 def add_text_files(data_dir: str | Path, paths: Iterable[str | Path], encode, chunk_tokens: int = 512) -> int:
     """Appends the chunks of user text files not yet cached; returns how many were added."""
-    done = {r.key for r in read_records(data_dir)}
-    writer = RecordWriter(data_dir)
-    added = 0
-    try:
-        for key, ids in text_file_chunks(list(paths), encode, chunk_tokens):
-            if key not in done:
-                writer.write(Record(key, "text", "train", [], ids, "text"))
-                added += 1
-    finally:
-        writer.close()
-    return added
+    chunks = text_file_chunks(list(paths), encode, chunk_tokens)
+    return append_new(data_dir, (Record(key, "text", "train", [], ids, "text") for key, ids in chunks))
 
 
 def _attach_recorder(engine, recorder: FeatureRecorder) -> None:
