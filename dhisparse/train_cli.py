@@ -19,11 +19,11 @@ def _layers(text: str) -> tuple[int, ...]:
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("train-drafter", help="train a DFlash/DSpark drafter on self-distillation data",
+    p = sub.add_parser("train-drafter", help="train a DFlash/DFlash2/DSpark drafter on self-distillation data",
                        description="Distil the target's greedy answers to built-in prompts (plus text files), "
                                    "extract target features once, train, evaluate held-out acceptance, write "
                                    "config.json + model.safetensors + README.md. Resumable at every stage.")
-    p.add_argument("--kind", required=True, choices=["dflash", "dspark"])
+    p.add_argument("--kind", required=True, choices=["dflash", "dflash2", "dspark"])
     p.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")
     p.add_argument("--data-dir", type=Path, default=Path("drafter-data"),
                    help="distillation cache and features (shared between runs)")
@@ -43,7 +43,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--target-layers", type=_layers, default=None, help="e.g. 2,15,28")
     p.add_argument("--intermediate-size", type=int, default=1536)
-    p.add_argument("--markov-rank", type=int, default=64, help="DSpark Markov head rank")
+    p.add_argument("--markov-rank", type=int, default=64, help="rank of DSpark's Markov head and DFlash2's candidate selector")
     p.add_argument("--context-window", type=int, default=1024)
     p.add_argument("--init-from", type=Path, default=None, help="warm-start matching tensors from a trained checkpoint")
     p.add_argument("--init-target-layers", action="store_true",

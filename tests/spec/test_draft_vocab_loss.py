@@ -1,6 +1,8 @@
 """Training over the draft vocabulary (``trainer.DraftVocabulary``): the loss equals the
 full-vocabulary logits restricted to those ids (a torch reference), labels outside it carry no
-CE and never count as hits, and the whole vocabulary in any order gives the unrestricted loss."""
+CE and never count as hits, and the whole vocabulary in any order gives the unrestricted loss.
+DFlash2: the selector's loss is the CE of the label among the top-K candidates scored as when
+serving (a loop reference), and the net starts as the DFlash it is warm-started from."""
 
 from __future__ import annotations
 
@@ -20,19 +22,22 @@ from services.decoder.spec.training.trainer import (
 )
 
 V, H, BLOCK = 64, 32, 4
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=4)
 
 
 def _net(kind: str) -> DraftNet:
     cfg = DraftConfig(hidden_size=H, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=48,
                       rms_norm_eps=1e-5, rope_theta=10000.0, vocab_size=V, block_size=BLOCK, mask_token_id=1,
                       target_layer_ids=(0, 1), context_window=64, num_target_layers=2,
-                      markov_rank=8 if kind == "dspark" else None, confidence_head=kind == "dspark")
+                      markov_rank=8 if kind == "dspark" else None, confidence_head=kind == "dspark",
+                      **(DFLASH2 if kind == "dflash2" else {}))
     torch.manual_seed(0)
     net = DraftNet(cfg)
     init_trainable(net, 0)
     with torch.no_grad():
-        if net.markov_head is not None:
-            net.markov_head.successor_codebook.normal_()  # a live Markov term, not the zero start
+        for head in (net.markov_head, net.candidate_selector):
+            if head is not None:
+                head.successor_codebook.normal_()  # a live transition term, not the zero start
     return net
 
 
@@ -89,3 +94,49 @@ def test_the_whole_vocabulary_in_any_order_is_the_unrestricted_loss(kind):
     loss, metrics = sequence_loss(net, embed, seq, anchors, TrainOptions(), DraftVocabulary(ids, V))
     torch.testing.assert_close(loss, full, rtol=1e-5, atol=1e-5)
     assert metrics == pytest.approx(full_metrics, rel=1e-5)
+
+
+def _selector_reference(net: DraftNet, embed, seq, anchors, ids: torch.Tensor) -> torch.Tensor:
+    """Per drafted position: the draft-vocabulary logits' top-K, each candidate scored
+    ``unary + <pred[true previous token] * proj(h), succ[candidate]>``, CE at the label's index
+    among them (positions whose label is no candidate skipped); position-weighted mean."""
+    sel = net.candidate_selector
+    hidden = net.sequence_blocks(seq.features.float(), seq.token_ids, anchors, embed)
+    logits = net.base_logits(hidden, embed)[..., ids]
+    weights = position_weights(BLOCK - 1, TrainOptions().decay)
+    total, weight_sum = torch.zeros(()), 0.0
+    for n, a in enumerate(anchors.tolist()):
+        for k in range(BLOCK - 1):
+            unary, cols = torch.topk(logits[n, k], sel.top_k)
+            prev, label = int(seq.token_ids[a + k]), int(seq.token_ids[a + k + 1])
+            query = sel.predecessor_codebook[prev] * sel.hidden_projection(hidden[n, k])
+            scores = torch.stack([unary[j] + query @ sel.successor_codebook[int(ids[c])] for j, c in enumerate(cols)])
+            where = [j for j, c in enumerate(cols.tolist()) if int(ids[c]) == label]
+            if where:
+                total = total + weights[k] * F.cross_entropy(scores[None], torch.tensor(where[:1]))
+                weight_sum += float(weights[k])
+    assert weight_sum > 0
+    return total / weight_sum
+
+
+def test_the_dflash2_selector_loss_is_the_label_among_the_top_k_candidates():
+    net, (seq, embed, anchors) = _net("dflash2"), _sequence()
+    ids = torch.randperm(V, generator=torch.Generator().manual_seed(4))[: V // 2]
+    loss, metrics = sequence_loss(net, embed, seq, anchors, TrainOptions(), DraftVocabulary(ids, V))
+    expected = _selector_reference(net, embed, seq, anchors, ids)
+    assert metrics["selector_ce"] == pytest.approx(float(expected.detach()), rel=1e-5)
+    torch.testing.assert_close(loss, torch.tensor(metrics["ce"]) + expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dflash2_net_starts_as_the_dflash_it_is_warm_started_from():
+    dflash, (seq, embed, anchors) = _net("dflash"), _sequence()
+    net = _net("dflash2")
+    with torch.no_grad():
+        net.candidate_selector.successor_codebook.zero_()  # the fresh start: no transition term
+    missing, unexpected = net.load_state_dict(dflash.state_dict(), strict=False)
+    assert not unexpected and missing and all("conv" in m or "candidate_selector" in m for m in missing)
+    torch.testing.assert_close(net.sequence_blocks(seq.features.float(), seq.token_ids, anchors, embed),
+                               dflash.sequence_blocks(seq.features.float(), seq.token_ids, anchors, embed))
+    block = net.sequence_blocks(seq.features.float(), seq.token_ids, anchors, embed)
+    picks, _ = net.choose(block, seq.token_ids[anchors], embed)
+    assert torch.equal(picks, net.base_logits(block, embed).argmax(-1))

@@ -228,6 +228,20 @@ def test_dspark_warm_starts_from_the_dflash_checkpoint(llm, trained):
     assert facts["init_from"] == str(dflash_opts.out)
 
 
+def test_dflash2_trains_from_the_dflash_checkpoint_and_its_extras_learn(llm, trained):
+    tmp, dflash_opts, _ = trained
+    opts = tiny_options(tmp, kind="dflash2", steps=2)
+    opts.init_from = dflash_opts.out
+    run_pipeline(opts, llm=llm)
+    net = load_checkpoint(opts.out)
+    assert net.cfg.kind == "dflash2" and net.candidate_selector is not None
+    # the selector's successor codebook and the convolutions' dynamic part start at zero
+    assert net.candidate_selector.successor_codebook.abs().sum() > 0
+    assert all(layer.attention_conv.kernel_projection.weight.abs().sum() > 0 for layer in net.layers)
+    source = load_checkpoint(dflash_opts.out)
+    assert not torch.equal(net.layers[0].mlp.up_proj.weight, source.layers[0].mlp.up_proj.weight)
+
+
 def test_acceptance_length_of_hand_made_drafts():
     truth = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]])
     drafts = torch.tensor([[1, 2, 3], [1, 9, 3], [9, 2, 3], [1, 2, -1]])

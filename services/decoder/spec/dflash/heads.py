@@ -56,6 +56,17 @@ class CandidateSelector(LowRankTransition):
         top_prob = torch.softmax(logits, dim=-1).gather(-1, torch.stack(picks, dim=1)[..., None])[..., 0]
         return torch.stack(path, dim=1), top_prob
 
+    def teacher_forced(self, hidden: torch.Tensor, prev: torch.Tensor, logits: torch.Tensor,
+                       vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training: the scores ``select`` gives the top-K candidates when each position's
+        predecessor is the true token. ``hidden: [N, P, H]``, ``prev: [N, P]`` token ids,
+        ``logits: [N, P, M]`` (``M`` = V, or the ids in ``vocab``) -> ``(scores [N, P, K],
+        local [N, P, K])``: unary + pairwise per candidate and the candidates' columns in ``logits``."""
+        unary, local = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1)
+        candidates = local if vocab is None else vocab[local]
+        pairwise = torch.einsum("npr,npkr->npk", self.query(prev, hidden), self.successor_codebook[candidates])
+        return unary + pairwise, local
+
 
 class MarkovHead(LowRankTransition):
     def logits(self, hidden: torch.Tensor, prev: torch.Tensor, base_logits: torch.Tensor,

@@ -54,6 +54,11 @@ log = logging.getLogger("dhisparse.train_drafter")
 DEFAULT_TARGET_LAYERS = (2, 15, 28)
 MASK_TOKEN_ID = 16  # SmolLM2's <empty_output>: never produced in chat
 
+DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
+DFLASH2_CONV_KERNEL = 4  # block positions a DFlash2 convolution spans
+DFLASH2_CONV_GROUP = 64  # channels sharing one dynamic kernel
+DFLASH2_TOP_K = 8  # candidates per position the DFlash2 selector re-scores
+
 DRAFT_VOCAB_SIZE = 16384  # draft_vocab.json: a third of SmolLM2's head rows per drafted position
 
 
@@ -72,7 +77,7 @@ class PipelineOptions:
     block_size: int = 8
     target_layers: tuple[int, ...] = DEFAULT_TARGET_LAYERS
     intermediate_size: int = 1536
-    markov_rank: int = 64
+    markov_rank: int = 64  # DSpark's Markov head; DFlash2's candidate selector has the same rank
     context_window: int = DEFAULT_CONTEXT_WINDOW
     init_from: Path | None = None  # warm-start the backbone from a trained draft checkpoint
     init_target: bool = False  # start the draft layers as copies of the target's last layers
@@ -90,9 +95,13 @@ def default_config(kind: str, target_cfg, *, num_layers: int = 2, block_size: in
                    markov_rank: int = 64, context_window: int = DEFAULT_CONTEXT_WINDOW,
                    mask_token_id: int = MASK_TOKEN_ID) -> DraftConfig:
     """A draft config matching the target: its hidden size, heads, head_dim, RoPE theta, norm
-    eps and vocabulary (the draft shares the target's embeddings and LM head)."""
-    if kind not in ("dflash", "dspark"):
-        raise ValueError(f"--kind must be dflash or dspark, got {kind!r}")
+    eps and vocabulary (the draft shares the target's embeddings and LM head). ``markov_rank``:
+    the low-rank transition's rank (DSpark's Markov head, DFlash2's candidate selector); DFlash2
+    convolves over ``DFLASH2_CONV_KERNEL`` positions in channel groups of ``DFLASH2_CONV_GROUP``
+    and picks among the top ``DFLASH2_TOP_K`` candidates."""
+    if kind not in DRAFTER_KINDS:
+        raise ValueError(f"--kind must be one of {DRAFTER_KINDS}, got {kind!r}")
+    dflash2 = kind == "dflash2"
     cfg = DraftConfig(
         hidden_size=target_cfg.hidden_size, num_layers=num_layers, num_heads=target_cfg.num_heads,
         num_kv_heads=target_cfg.num_kv_heads, head_dim=target_cfg.head_dim, intermediate_size=intermediate_size,
@@ -100,6 +109,8 @@ def default_config(kind: str, target_cfg, *, num_layers: int = 2, block_size: in
         block_size=block_size, mask_token_id=mask_token_id, target_layer_ids=tuple(target_layers),
         context_window=context_window, num_target_layers=target_cfg.num_layers,
         markov_rank=markov_rank if kind == "dspark" else None, confidence_head=kind == "dspark",
+        conv_kernel_size=DFLASH2_CONV_KERNEL if dflash2 else None, conv_group_size=DFLASH2_CONV_GROUP if dflash2 else None,
+        selector_rank=markov_rank if dflash2 else None, selector_top_k=DFLASH2_TOP_K if dflash2 else None,
     )
     cfg.validate()
     cfg.check_target(target_cfg.num_layers, target_cfg.hidden_size, target_cfg.vocab_size)
@@ -176,7 +187,7 @@ def model_card(kind: str, cfg: DraftConfig, facts: dict) -> str:
 A {cfg.num_layers}-layer block drafter (block size {cfg.block_size}, hidden {cfg.hidden_size},
 {cfg.num_heads}/{cfg.num_kv_heads} heads, intermediate {cfg.intermediate_size}) conditioned on the
 target's hidden states after layers {list(cfg.target_layer_ids)}, context window {cfg.context_window}
-positions{f", Markov head rank {cfg.markov_rank} and a confidence head" if kind == "dspark" else ""}.
+positions{_extras(cfg)}.
 Only the draft layers are stored (bf16); the embeddings and LM head are the target's.
 
 Trained by `dhisparse train-drafter --kind {kind}` (`services/decoder/spec/training/`) on
@@ -206,6 +217,15 @@ figure earlier cards reported). Both drafters on the same anchors:
 |---|---|---|---|---|---|
 {per_kind}
 """
+
+
+def _extras(cfg: DraftConfig) -> str:
+    if cfg.kind == "dspark":
+        return f", Markov head rank {cfg.markov_rank} and a confidence head"
+    if cfg.kind == "dflash2":
+        return (f", dynamic convolutions over {cfg.conv_kernel_size} positions (channel groups of "
+                f"{cfg.conv_group_size}) and a top-{cfg.selector_top_k} candidate selector of rank {cfg.selector_rank}")
+    return ""
 
 
 def _selection_line(facts: dict) -> str:

@@ -8,6 +8,9 @@ sequence (the inference forward) gives the drafted positions' hidden states. Los
   continuation, position ``k`` of the block weighted ``exp(-(k - 1) / decay)`` (early positions
   decide acceptance); with a ``DraftVocabulary`` the logits span only the ids the served
   drafter drafts from;
+- DFlash2: that CE plus ``selector_weight`` x the candidate selector's CE: among the top-K
+  candidates of the base logits, scored as when serving (unary + low-rank transition from the
+  true previous token), the label's; positions whose label is not a candidate carry none;
 - DSpark: the same CE on the Markov-corrected logits (teacher-forced: the previous token is the
   true one) plus ``bce_weight`` x BCE of the confidence head, whose target is whether the
   position's greedy draft token equals the label (the head reads detached hidden states).
@@ -61,6 +64,7 @@ class TrainOptions:
     anchors_per_seq: int = 16
     decay: float = 4.0  # position weight exp(-(k - 1) / decay)
     bce_weight: float = 1.0
+    selector_weight: float = 1.0  # DFlash2's candidate selector CE
     grad_clip: float = 1.0
     save_every_s: float = 120.0
     log_every_s: float = 60.0
@@ -75,12 +79,20 @@ def position_weights(count: int, decay: float) -> torch.Tensor:
 def init_trainable(net: DraftNet, seed: int = 0) -> None:
     """Fresh-training initialisation of what ``DraftNet`` leaves at zero: a bilinear head whose
     two codebooks are both zero never gets a gradient, so the predecessor codebook starts random
-    (the successor one stays zero: the head starts as a no-op)."""
+    (the successor one stays zero: the head starts as a no-op); DFlash2's convolutions start as
+    the identity (static kernel 1 at shift 0, no dynamic part), so a DFlash2 net warm-started
+    from a DFlash checkpoint starts as that DFlash."""
     gen = torch.Generator().manual_seed(seed)
-    for head in (net.markov_head, net.candidate_selector):
-        if head is not None:
-            with torch.no_grad():
+    with torch.no_grad():
+        for head in (net.markov_head, net.candidate_selector):
+            if head is not None:
                 head.predecessor_codebook.copy_(torch.randn(head.predecessor_codebook.shape, generator=gen))
+        for layer in net.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                if conv is not None:
+                    conv.base_kernel.zero_()
+                    conv.base_kernel[:, 0] = 1.0
+                    conv.kernel_projection.weight.zero_()
 
 
 class DraftVocabulary:
@@ -106,30 +118,35 @@ class DraftVocabulary:
 
 def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: torch.Tensor, options: TrainOptions,
                   vocab: DraftVocabulary | None = None) -> tuple[torch.Tensor, dict]:
-    """Loss of one sequence's anchors and its metrics (``ce``, ``acc1``: first-position top-1
-    accuracy, ``bce`` for DSpark). With ``vocab`` the logits are over the draft vocabulary only
+    """Loss of one sequence's anchors and its metrics (``ce``, ``acc1``: first-position accuracy
+    of the drafter's pick, ``selector_ce`` for DFlash2, ``bce`` for DSpark). With ``vocab`` the logits are over the draft vocabulary only
     (as served); positions whose label is outside it count as misses and carry no CE."""
     size = net.cfg.block_size
     offsets = torch.arange(1, size)
     labels = seq.token_ids[anchors[:, None] + offsets]  # [N, P]
+    prev = seq.token_ids[anchors[:, None] + offsets - 1]  # teacher-forced previous tokens
     hidden = net.sequence_blocks(seq.features.to(embed.dtype), seq.token_ids, anchors, embed)  # [N, P, H]
     ids = None if vocab is None else vocab.ids
     logits = net.base_logits(hidden, embed if vocab is None else vocab.head(embed))  # [N, P, V or len(ids)]
     if net.markov_head is not None:
-        prev = seq.token_ids[anchors[:, None] + offsets - 1]  # teacher-forced previous tokens
         logits = net.markov_head.logits(hidden, prev, logits, ids)
     if vocab is not None:
         labels = vocab.row_of[labels]
     weights = position_weights(size - 1, options.decay)
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none",
-                         ignore_index=DraftVocabulary.IGNORED).view(labels.shape)
-    counted = weights * (labels != DraftVocabulary.IGNORED)  # [N, P]
-    ce = (ce * counted).sum() / counted.sum().clamp_min(1e-6)
+    ce = _weighted_ce(logits, labels, weights)
     with torch.no_grad():
         top_logit, drafted = logits.max(dim=-1)
-        hit = (drafted == labels).float()
-    metrics = {"ce": float(ce.detach()), "acc1": float(hit[:, 0].mean())}
-    loss = ce
+    loss, metrics = ce, {"ce": float(ce.detach())}
+    if net.candidate_selector is not None:
+        scores, local = net.candidate_selector.teacher_forced(hidden, prev, logits, ids)  # [N, P, K]
+        is_label = local == labels[..., None]
+        targets = torch.where(is_label.any(-1), is_label.float().argmax(-1), DraftVocabulary.IGNORED)
+        selector_ce = _weighted_ce(scores, targets, weights)
+        loss = loss + options.selector_weight * selector_ce
+        metrics["selector_ce"] = float(selector_ce.detach())
+        drafted = local.gather(-1, scores.detach().argmax(-1, keepdim=True))[..., 0]
+    hit = (drafted == labels).float()  # the drafter's pick (teacher-forced predecessor)
+    metrics["acc1"] = float(hit[:, 0].mean())
     if net.confidence_head is not None:
         top_prob = torch.exp(top_logit - torch.logsumexp(logits.detach(), dim=-1))
         conf = net.confidence_head.logit(hidden.detach(), top_prob)
@@ -137,6 +154,15 @@ def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: to
         metrics["bce"] = float(bce.detach())
         loss = loss + options.bce_weight * bce
     return loss, metrics
+
+
+def _weighted_ce(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``logits: [N, P, C]``, ``targets: [N, P]`` (``IGNORED``: none), ``weights: [P]`` -> the
+    position-weighted mean CE over the counted positions."""
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none",
+                         ignore_index=DraftVocabulary.IGNORED).view(targets.shape)
+    counted = weights * (targets != DraftVocabulary.IGNORED)
+    return (ce * counted).sum() / counted.sum().clamp_min(1e-6)
 
 
 class Trainer:
