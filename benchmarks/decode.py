@@ -1,6 +1,6 @@
 """Decode throughput: our runtime vs transformers and llama.cpp on the same GGUF, same machine, one run.
 
-Figures (all greedy, fp32 unless --dtype says otherwise):
+Figures (all greedy, fp32 unless --dtype / --gemm-dtype say otherwise):
 - batch-1 decode tok/s with a ~128-token and a ~2,000-token prompt (prefill excluded);
 - aggregate decode tok/s with 8 concurrent requests (window in which all 8 are decoding);
 - the memory-bandwidth bound: measured read bandwidth / weight bytes read per step.
@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> dict:
     loaded = load_model(model_path)
     on_gpu = args.device != "cpu"
     skip_llama_cpp = args.skip_llama_cpp or on_gpu  # llama-cpp-python here is the CPU build
-    llm = LLM(loaded=loaded, dtype=args.dtype, kv_cache_tokens=16384, max_num_batched_tokens=2048, device=args.device)
+    llm = LLM(loaded=loaded, dtype=args.dtype, gemm_dtype=args.gemm_dtype, kv_cache_tokens=16384,
+              max_num_batched_tokens=2048, device=args.device)
     weight_bytes = llm.engine.model.weight_bytes_per_step
     bar = progress(desc="decode", unit="phase",
                    total=5 + (0 if args.skip_transformers else 4) + (0 if skip_llama_cpp else 1))
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> dict:
         "benchmark": "decode",
         "machine": machine_info(),
         "model": str(model_path),
-        "settings": {"dtype": args.dtype, "decode_tokens": args.decode_tokens, "repeats": args.repeats, "threads": args.threads,
+        "settings": {"dtype": args.dtype, "gemm_dtype": args.gemm_dtype or args.dtype, "decode_tokens": args.decode_tokens, "repeats": args.repeats, "threads": args.threads,
                      "device": args.device},
         "weight_bytes_per_step": weight_bytes,
         "measured_read_bandwidth_gib_per_s": read_bw / 2**30,
@@ -203,7 +204,8 @@ def _plot(result: dict, path: Path) -> None:
     ax.axhline(result["bandwidth_bound_tokens_per_s"], color="gray", linestyle="--", label="batch-1 bandwidth bound")
     ax.set_xticks(list(xs), labels, fontsize=8)
     ax.set_ylabel("decode tokens/s")
-    ax.set_title(f"Decode throughput ({result['settings']['dtype']}, {result['machine']['cpu_count']} cores)")
+    gemm = result["settings"].get("gemm_dtype", result["settings"]["dtype"])
+    ax.set_title(f"Decode throughput ({result['settings']['dtype']}, {gemm} matmuls, {result['machine']['cpu_count']} cores)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -213,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dhisparse bench decode", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--gemm-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="our projections' matmul precision (default: --dtype); transformers stays at --dtype")
     parser.add_argument("--decode-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())

@@ -97,7 +97,8 @@ class SettingRun:
     all together."""
 
     def __init__(self, loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
-                 budget: str = "fixed", attention: str = "dense", batch_size: int | None = None):
+                 budget: str = "fixed", attention: str = "dense", batch_size: int | None = None,
+                 gemm_dtype: str | None = None):
         from dhisparse import LLM, SamplingParams
 
         self.name = f"{spec}:{spec_tokens}:{budget}"
@@ -107,7 +108,7 @@ class SettingRun:
         needed = sum(len(p) + max_tokens + 2 * 16 + spec_tokens for p in prompts)
         capacity = max(-(-needed // 16) * 16, 8192)
         self.llm = LLM(loaded=loaded, spec=spec, spec_tokens=spec_tokens, max_num_batched_tokens=1024,
-                       verify_budget=budget, kv_cache_tokens=capacity,
+                       verify_budget=budget, kv_cache_tokens=capacity, gemm_dtype=gemm_dtype,
                        max_model_len=min(capacity, loaded.config.max_position_embeddings),
                        **(SPARSE if attention == "sparse" else {}))
         self.params = SamplingParams(max_tokens=max_tokens)
@@ -151,16 +152,18 @@ class SettingRun:
 
 
 def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: list[tuple[str, int, str]],
-                 attention: str = "dense", repeats: int = 1, interleave: bool = False, batch_size: int | None = None):
+                 attention: str = "dense", repeats: int = 1, interleave: bool = False, batch_size: int | None = None,
+                 gemm_dtype: str | None = None):
     """Yields ``(setting, figures)`` per setting, in order. Sequential: each setting's engine is
     built, run ``repeats`` times and dropped before the next. Interleaved: every setting's
     engine is built first and the repeats go round-robin over them (none, a, b, none, a, b, ...),
     so that slow drift of the machine (other load, memory placement) falls on every setting
     alike rather than on whichever ran during it; it holds all the engines at once.
-    ``batch_size``: see ``SettingRun``."""
+    ``batch_size``, ``gemm_dtype``: see ``SettingRun`` and ``DecoderConfig``."""
     def build(setting):
         spec, spec_tokens, budget = setting
-        return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention, batch_size)
+        return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention, batch_size,
+                          gemm_dtype)
 
     if not interleave:
         for setting in settings:
@@ -197,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interleave", action="store_true",
                         help="build every setting's engine first and run the repeats round-robin over them "
                              "(holds them all at once: GiBs each)")
+    parser.add_argument("--gemm-dtype", default=None, choices=["float32", "bfloat16"],
+                        help="projection matmul precision (DecoderConfig.gemm_dtype; default: fp32 like the model)")
     parser.add_argument("--name", default="spec", help="output file stem")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -213,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                 base = None
                 for (spec, spec_tokens, budget), figures in run_settings(loaded, prompts, args.max_tokens, settings,
                                                                          attention, args.repeats, args.interleave,
-                                                                         batch_size=concurrency):
+                                                                         batch_size=concurrency,
+                                                                         gemm_dtype=args.gemm_dtype):
                     outputs = figures.pop("outputs")
                     if base is None:
                         base = (figures["tokens_per_s"], outputs)
@@ -240,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                 targets[f"{drafter}_net_speedup_chat_c1"] = max(r["speedup_vs_none"] for r in c1) > 1.0
     targets.update(adaptive_targets(rows))
     result = {"benchmark": "spec", "machine": machine_info(), "model": str(loaded.source),
-              "settings": {"max_tokens": args.max_tokens, "dtype": "float32", "attention": args.attention,
+              "settings": {"max_tokens": args.max_tokens, "dtype": "float32",
+                           "gemm_dtype": args.gemm_dtype or "float32", "attention": args.attention,
                            "sparse": SPARSE, "drafter_settings": args.settings, "threads": torch.get_num_threads(),
                            "repeats": args.repeats, "interleave": args.interleave,
                            "prompts_per_kind": args.prompts or "concurrency"},

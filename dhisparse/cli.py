@@ -28,6 +28,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     )
     fields = {
         "dtype": args.dtype,
+        "gemm_dtype": args.gemm_dtype,
         "attention": args.attention,
         "top_k_tokens": args.top_k_tokens,
         "sink_pages": args.sink_pages,
@@ -146,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    gen.add_argument("--gemm-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                     help="projection weights and matmul precision (default: --dtype); bfloat16 with fp32 --dtype "
+                     "runs the matmuls on oneDNN bf16 kernels, everything else in fp32")
     gen.add_argument("--threads", type=int, default=None)
     gen.add_argument("--device", default="cpu", help="cpu or cuda[:N] (dense attention only on CUDA so far)")
     gen.add_argument("--attention", default="dense", choices=["dense", "sparse"],

@@ -17,6 +17,11 @@ class DecoderConfig(BaseSettings):
 
     model: str | None = Field(None, description="path to a .gguf file or a HF-style directory; None = the default model")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gemm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="the projections' weights and matmul precision (None = dtype); bfloat16 with an fp32 "
+        "dtype keeps norms, residuals, attention and the KV pool in fp32 and runs the matmuls on oneDNN's bf16 "
+        "kernels (AMX): ~1.7x faster one-row and ~2.2x faster 8-row forwards on CPU, see model/linear.py"
+    )
     page_size: int = Field(16, gt=0)
     kv_cache_tokens: int = Field(32768, gt=0, description="hot pool capacity in tokens (rounded down to pages)")
     max_num_seqs: int = Field(32, gt=0)
@@ -131,6 +136,10 @@ class DecoderConfig(BaseSettings):
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def torch_gemm_dtype(self) -> torch.dtype:
+        return DTYPES[self.gemm_dtype or self.dtype]
 
     @property
     def residency_policy(self) -> str:

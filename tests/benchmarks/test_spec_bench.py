@@ -7,7 +7,7 @@ def test_interleaved_repeats_go_round_robin_and_sequential_ones_do_not(monkeypat
     order = []
 
     class FakeRun:
-        def __init__(self, loaded, prompts, max_tokens, spec, spec_tokens, budget, attention, batch_size):
+        def __init__(self, loaded, prompts, max_tokens, spec, spec_tokens, budget, attention, batch_size, gemm_dtype):
             self.name = f"{spec}:{spec_tokens}:{budget}"
             order.append(("build", self.name))
             self.count = 0

@@ -32,3 +32,35 @@ def test_packs_are_built_per_bucket_on_first_use():
 def test_packing_off_for_half_precision_and_when_disabled():
     assert not Linear(torch.randn(8, 8, dtype=torch.bfloat16)).use_packs
     assert not Linear(torch.randn(8, 8), packed_gemm=False).use_packs
+    assert Linear(torch.randn(8, 8, dtype=torch.bfloat16), packed_gemm=False).packed_path == "plain"
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 8, 13, 16, 64, 200])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_linear_matches_a_bf16_rounded_reference(num_rows, with_bias):
+    g = torch.Generator().manual_seed(100 + num_rows)
+    weight = torch.randn(96, 40, generator=g).bfloat16()
+    bias = torch.randn(96, generator=g).bfloat16() if with_bias else None
+    x = torch.randn(num_rows, 40, generator=g)
+    lin = Linear(weight, bias)
+    assert lin.packed_path == "onednn-bf16", "this project's CPU torch build is expected to have oneDNN bf16"
+    got = lin(x)  # fp32 in, fp32 out: the input is rounded to bf16, products accumulate in fp32
+    assert got.dtype == torch.float32 and got.shape == (num_rows, 96)
+    ref = F.linear(x.bfloat16().float(), weight.float(), None if bias is None else bias.float())
+    # the kernel writes its result in bf16: up to half an ulp at 8 mantissa bits (2^-9 relative)
+    torch.testing.assert_close(got, ref, rtol=2**-8, atol=1e-4)
+    # a plain bf16 input gives the same numbers, in bf16
+    assert torch.equal(lin(x.bfloat16()), got.bfloat16())
+
+
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (3072, 576)])  # SmolLM2's q|k|v, down, gate|up
+def test_bf16_rows_come_out_as_if_each_ran_alone(shape):
+    """Speculative verification runs a block of rows where decoding runs one: on the oneDNN bf16
+    path every row of a 2-16-row call is bit-identical to that row alone, so a verified position
+    sees exactly the projections one-token decoding would have computed."""
+    g = torch.Generator().manual_seed(7)
+    lin = Linear((torch.randn(*shape, generator=g) * 0.05).bfloat16())
+    x = torch.randn(16, shape[1], generator=g)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(16)])
+    for rows in (2, 5, 8, 16):
+        assert torch.equal(lin(x[:rows]), alone[:rows]), rows

@@ -256,3 +256,29 @@ def test_one_pass_for_a_steps_requests_equals_appending_each():
     for a, b in zip(batched, single, strict=True):
         assert torch.equal(a.slot_pos, b.slot_pos) and a.end == b.end
         assert torch.allclose(a.k, b.k, atol=1e-6) and torch.allclose(a.v, b.v, atol=1e-6)
+
+
+def test_packed_linears_serve_in_the_gemm_dtype_and_train_exactly():
+    """``pack_linears(net, bf16)``: a no-grad call runs on a bf16 copy of the weight (result in
+    the input's dtype, equal to the bf16-rounded reference); a call needing gradients still takes
+    the fp32 weight itself, and an in-place weight update rebuilds the copy."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from services.decoder.spec.dflash.layers import pack_linears
+
+    g = torch.Generator().manual_seed(3)
+    holder = nn.Sequential(nn.Linear(24, 40, bias=False))
+    pack_linears(holder, torch.bfloat16)
+    layer = holder[0]
+    x = torch.randn(8, 24, generator=g)
+    with torch.no_grad():
+        fast = layer(x)
+    assert fast.dtype == torch.float32 and layer._fast.weight.dtype == torch.bfloat16
+    ref = F.linear(x.bfloat16().float(), layer.weight.detach().bfloat16().float())
+    torch.testing.assert_close(fast, ref, rtol=2**-8, atol=1e-4)  # the bf16 kernel rounds its result to bf16
+    exact = layer(x)  # with autograd: the fp32 weight, no rounding
+    assert exact.requires_grad and torch.equal(exact.detach(), F.linear(x, layer.weight.detach()))
+    with torch.no_grad():
+        layer.weight.mul_(2.0)
+        torch.testing.assert_close(layer(x), 2 * ref, rtol=2**-8, atol=2e-4)

@@ -76,3 +76,20 @@ def test_a_shorter_draft_is_the_full_drafts_prefix(loaded_model, chat_prompts, k
     if kind == "dspark":
         assert short.confidences == pytest.approx(full.confidences[:2], abs=1e-5)
     engine.abort(rid)
+
+
+@pytest.mark.parametrize("attention", [{}, dict(attention="sparse", top_k_tokens=16, sink_pages=1, recent_pages=2)],
+                         ids=["dense", "sparse"])
+def test_bf16_projections_verify_losslessly(loaded_model, chat_prompts, attention):
+    """gemm_dtype=bf16 (oneDNN kernels): speculation against that target reproduces that
+    target's own plain greedy decoding, token for token, dense and with a sparse selection."""
+    params = SamplingParams(max_tokens=48)
+    fields = dict(gemm_dtype="bfloat16", **attention)
+    plain = LLM(loaded=loaded_model, **fields)
+    assert plain.engine.model.layers[0].qkv.packed_path == "onednn-bf16"
+    want = [o.token_ids for o in plain.generate(chat_prompts, params)]
+    llm = LLM(loaded=loaded_model, spec="dspark", spec_tokens=7, **fields)
+    outs = llm.generate(chat_prompts, params)
+    assert [o.token_ids for o in outs] == want
+    assert sum(o.stats["accepted_tokens"] for o in outs) > 0
+    assert llm.engine.check_integrity()

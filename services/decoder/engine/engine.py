@@ -72,7 +72,8 @@ class Engine:
                 "tokens; set allow_long_context=True to run past it (outputs degrade: throughput tests only)"
             )
         self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.packed_gemm,
-                                max_positions=max(self.max_model_len, trained_len), device=self.config.device)
+                                max_positions=max(self.max_model_len, trained_len), device=self.config.device,
+                                gemm_dtype=self.config.torch_gemm_dtype)
         mc = loaded.config
         cfg = self.config
         self.full_only = cfg.residency_policy == "always-full"

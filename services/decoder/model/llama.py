@@ -46,21 +46,33 @@ class LlamaModel:
         packed_gemm: bool = True,
         max_positions: int | None = None,
         device: torch.device | str = "cpu",
+        gemm_dtype: torch.dtype | None = None,
     ):
-        """``max_positions``: RoPE table length (default: the model's trained context);
+        """``dtype``: embeddings, norms, residual stream, attention and the KV pool;
+        ``gemm_dtype``: the projections' weights (q|k|v, o, gate|up, down, LM head) and the
+        precision their inputs are rounded to, accumulation in fp32 (default: ``dtype``; bf16
+        inside an fp32 model runs the oneDNN bf16 path of model/linear.py);
+        ``max_positions``: RoPE table length (default: the model's trained context);
         ``device``: where the weights live (the forward's inputs must be there too)."""
         self.config = config
         self.dtype = dtype
+        self.gemm_dtype = gemm_dtype or dtype
         self.device = torch.device(device)
 
-        def to_device(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=self.device, dtype=dtype).contiguous()
+        def to_device(t: torch.Tensor, to_dtype: torch.dtype = dtype) -> torch.Tensor:
+            return t.to(device=self.device, dtype=to_dtype).contiguous()
 
-        def w(name: str) -> torch.Tensor:
-            return to_device(weights[name])
+        def w(name: str, to_dtype: torch.dtype = dtype) -> torch.Tensor:
+            return to_device(weights[name], to_dtype)
+
+        def proj(*names: str) -> torch.Tensor:
+            return to_device(torch.cat([weights[n] for n in names]), self.gemm_dtype)
 
         self.embed_tokens = w("model.embed_tokens.weight")  # [vocab, hidden]
-        lm_head = self.embed_tokens if config.tie_word_embeddings else w("lm_head.weight")
+        if config.tie_word_embeddings:
+            lm_head = self.embed_tokens if self.gemm_dtype == dtype else to_device(self.embed_tokens, self.gemm_dtype)
+        else:
+            lm_head = w("lm_head.weight", self.gemm_dtype)
         self.lm_head = Linear(lm_head, packed_gemm=packed_gemm)
         self.final_norm = w("model.norm.weight")
         self.layers: list[LayerWeights] = []
@@ -69,22 +81,17 @@ class LlamaModel:
             qkv_names = [p + f"self_attn.{x}_proj" for x in ("q", "k", "v")]
             bias = None
             if config.attention_bias:
-                bias = to_device(torch.cat([weights[n + ".bias"] for n in qkv_names]))
+                bias = proj(*(n + ".bias" for n in qkv_names))
             self.layers.append(
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
-                    qkv=Linear(
-                        to_device(torch.cat([weights[n + ".weight"] for n in qkv_names])), bias, packed_gemm
-                    ),
+                    qkv=Linear(proj(*(n + ".weight" for n in qkv_names)), bias, packed_gemm),
                     q_norm=w(p + "self_attn.q_norm.weight") if config.qk_norm else None,
                     k_norm=w(p + "self_attn.k_norm.weight") if config.qk_norm else None,
-                    o_proj=Linear(w(p + "self_attn.o_proj.weight"), packed_gemm=packed_gemm),
+                    o_proj=Linear(proj(p + "self_attn.o_proj.weight"), packed_gemm=packed_gemm),
                     post_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=Linear(
-                        to_device(torch.cat([weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]])),
-                        packed_gemm=packed_gemm,
-                    ),
-                    down=Linear(w(p + "mlp.down_proj.weight"), packed_gemm=packed_gemm),
+                    gate_up=Linear(proj(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), packed_gemm=packed_gemm),
+                    down=Linear(proj(p + "mlp.down_proj.weight"), packed_gemm=packed_gemm),
                 )
             )
         self.rope = RotaryEmbedding(config, dtype, max_positions, self.device)

@@ -44,11 +44,13 @@ def shipped_checkpoint(kind: str) -> Path:
 
 
 class DFlashDrafter(Drafter):
-    def __init__(self, net: DraftNet, embed: torch.Tensor, lm_head: torch.Tensor, vocab: torch.Tensor | None = None):
+    def __init__(self, net: DraftNet, embed: torch.Tensor, lm_head: torch.Tensor, vocab: torch.Tensor | None = None,
+                 gemm_dtype: torch.dtype | None = None):
         """``embed: [V, H]`` and ``lm_head: [V, H]``: the target's (shared, not copied). With a
-        draft vocabulary ``vocab: [N]`` the drafter keeps a copy of just those head rows."""
+        draft vocabulary ``vocab: [N]`` the drafter keeps a copy of just those head rows.
+        ``gemm_dtype``: the draft layers' matmul precision (the target's, see ``LlamaModel``)."""
         self.net = net
-        pack_linears(net)  # a block's rows through the packed GEMM (the net is served, not trained, here)
+        pack_linears(net, gemm_dtype)  # a block's rows through the packed GEMM (served, not trained, here)
         self.cfg = net.cfg
         self.name = net.cfg.kind
         self.embed = embed
@@ -71,7 +73,8 @@ class DFlashDrafter(Drafter):
             raise DraftCheckpointError(f"{directory} holds a {kind} drafter, not {expected_kind}")
         cfg = target.config
         net.cfg.check_target(cfg.num_layers, cfg.hidden_size, cfg.vocab_size)
-        drafter = cls(net, target.embed_tokens, target.lm_head.weight, read_draft_vocab(directory, cfg.vocab_size))
+        drafter = cls(net, target.embed_tokens, target.lm_head.weight, read_draft_vocab(directory, cfg.vocab_size),
+                      target.gemm_dtype)
         heldout = read_heldout_acceptance_length(directory)
         if heldout is not None:
             try:
