@@ -259,6 +259,12 @@ def parse_options(argv: list[str] | None = None, prog: str = "dhisparse up") -> 
                         help="decoder hot-tier policy (default: adaptive with kvtier and sparse attention)")
     parser.add_argument("--page-score", choices=["center", "quest"],
                         help="sparse page ranking (default: center, the estimated attention mass)")
+    parser.add_argument("--gemm-dtype", choices=["float32", "bfloat16"],
+                        help="decoder projection matmuls (default float32; bfloat16: oneDNN bf16 kernels, faster on CPU)")
+    parser.add_argument("--spec", choices=["none", "ngram", "dflash", "dspark"],
+                        help="decoder speculative decoding drafter (default none)")
+    parser.add_argument("--spec-tokens", type=int, help="draft tokens verified per step")
+    parser.add_argument("--verify-budget", choices=["fixed", "adaptive"], help="draft length per request")
     parser.add_argument("--resumable-requests", action="store_true",
                         help="the decoder marks requests resumable in kvtier: a restarted or another decoder "
                              "continues a killed decoder's streams without prefilling them again")
@@ -276,9 +282,9 @@ def parse_options(argv: list[str] | None = None, prog: str = "dhisparse up") -> 
     decoder_args = ["--model", args.model] if args.model else []
     if args.resumable_requests:
         decoder_args.append("--resumable-requests")
-    for flag in ("attention", "residency", "page_score"):
+    for flag in ("attention", "residency", "page_score", "gemm_dtype", "spec", "spec_tokens", "verify_budget"):
         if getattr(args, flag):
-            decoder_args += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+            decoder_args += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     options = StackOptions(host=args.host, gateway_port=args.port, decoder_port=args.decoder_port,
                            kvtier_port=args.kvtier_port, kvtier=False if args.no_kvtier else None,
                            kvtier_pool_gib=args.kvtier_pool_gib, workdir=args.workdir, api_keys=args.api_key,

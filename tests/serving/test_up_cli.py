@@ -1,6 +1,7 @@
 """``dhisparse up``'s command line reaches the services it is meant for."""
 
 import pytest
+import torch
 
 from dhisparse.stack import parse_options
 
@@ -26,3 +27,20 @@ def test_page_score_reaches_the_decoder_config():
     assert DecoderConfig().page_score == "center"  # the default: estimated attention mass
     with pytest.raises(SystemExit):
         parse_options(["--page-score", "max"])
+
+
+def test_speculation_and_bf16_projections_reach_the_decoder_config():
+    from services.decoder.config import DecoderConfig
+    from services.decoder.service.__main__ import build_parser
+
+    options = parse_options(["--gemm-dtype", "bfloat16", "--spec", "dspark", "--spec-tokens", "7",
+                             "--verify-budget", "adaptive"])
+    args = build_parser("decoder").parse_args(options.decoder_args)
+    fields = {k: v for k, v in vars(args).items() if v is not None and k != "probe"}
+    config = DecoderConfig(**fields)
+    assert (config.gemm_dtype, config.spec, config.spec_tokens, config.verify_budget) == \
+        ("bfloat16", "dspark", 7, "adaptive")
+    assert config.torch_gemm_dtype == torch.bfloat16 and config.torch_dtype == torch.float32
+    assert DecoderConfig().torch_gemm_dtype == torch.float32  # the default: fp32 matmuls, the oracle's numbers
+    with pytest.raises(SystemExit):
+        parse_options(["--spec", "eagle"])

@@ -33,7 +33,11 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
     parser.add_argument("--threads", dest="num_threads", type=int)
     parser.add_argument("--device", help="cpu (default) or cuda[:N]: dense decoding on a GPU")
     parser.add_argument("--kvtier-address", help="host:port of kvtier: write sealed pages back to its host pool")
-    parser.add_argument("--spec", choices=["none", "ngram"], help="speculative decoding drafter")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="model and KV dtype (default fp32)")
+    parser.add_argument("--gemm-dtype", choices=["float32", "bfloat16", "float16"],
+                        help="projection matmul precision (default: --dtype; bfloat16: oneDNN bf16 kernels on CPU)")
+    parser.add_argument("--spec", choices=["none", "ngram", "dflash", "dspark"], help="speculative decoding drafter")
+    parser.add_argument("--draft-model", help="dflash/dspark checkpoint directory (default: the shipped one)")
     parser.add_argument("--spec-tokens", type=int, help="draft tokens verified per step")
     parser.add_argument("--verify-budget", choices=["fixed", "adaptive"], help="draft length per request")
     parser.add_argument("--resumable-requests", action="store_true", default=None,
