@@ -68,3 +68,22 @@ def test_spec_settings_are_validated(loaded_model):
         LLM(loaded=loaded_model, spec="ngram", spec_tokens=20, attention="sparse", recent_pages=2)
     with pytest.raises(ValueError, match="spec"):
         LLM(loaded=loaded_model, spec="eagle")
+
+
+def test_equal_length_verify_blocks_share_one_attention_group(loaded_model, prompts):
+    """Dense verify blocks of the same length are attended in one padded causal group (one
+    pair of batched matmuls per layer instead of one per request), with output unchanged."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = [o.token_ids for o in LLM(loaded=loaded_model).generate(prompts[1:], params)]
+    llm = LLM(loaded=loaded_model, spec="dspark", spec_tokens=7)  # a fixed 7-token draft: 8-token blocks
+    seen = []
+    forward = llm.engine.model.forward
+
+    def spy(input_ids, meta, *args, **kwargs):
+        seen.append([(g.num_reqs, g.num_query_tokens) for g in meta.groups])
+        return forward(input_ids, meta, *args, **kwargs)
+
+    llm.engine.model.forward = spy
+    assert [o.token_ids for o in llm.generate(prompts[1:], params)] == plain
+    assert [(3, 8)] in seen  # all three requests verifying at once: one group
+    assert all(len({q for _, q in step}) == len(step) for step in seen)  # never two groups of one length

@@ -2,8 +2,8 @@
 
 Token order in the step: decode requests without a draft first, then decode requests with a
 draft block (verify), then prefill chunks. Attention: prefill chunks are always dense, one group
-each. Decode and verify tokens are dense groups (all plain decodes in one padded group, each
-verify block its own causal group) or, with sparse attention, page-list tokens that each attend
+each. Decode and verify tokens are dense groups (all plain decodes in one padded group, verify
+blocks of equal length in one padded causal group) or, with sparse attention, page-list tokens that each attend
 over their own selection. Digests are written after acceptance (``seal_pages``), so rejected
 draft rows never reach them.
 """
@@ -107,6 +107,7 @@ class ModelRunner:
             selecting = [s for s in singles + blocks if not dense(s)]
             singles = [s for s in singles if dense(s)]
             blocks = [s for s in blocks if dense(s)]
+        blocks.sort(key=lambda s: s.num_query_tokens)  # equal-length blocks side by side: one group each length
         ordered = singles + blocks + selecting + chunks
         input_ids: list[int] = []
         positions: list[int] = []
@@ -128,10 +129,12 @@ class ModelRunner:
             query_positions = [add_tokens(s) for s in singles]
             contexts = [s.request.num_computed_tokens + 1 for s in singles]
             groups.append(build_group(0, query_positions, [s.request.slots for s in singles], contexts, page_size))
-        for sched in blocks:
+        for length in sorted({s.num_query_tokens for s in blocks}):
+            same = [s for s in blocks if s.num_query_tokens == length]
             token_start = len(input_ids)
-            pos = add_tokens(sched)
-            groups.append(build_group(token_start, [pos], [sched.request.slots], [pos[-1] + 1], page_size))
+            query_positions = [add_tokens(s) for s in same]
+            groups.append(build_group(token_start, query_positions, [s.request.slots for s in same],
+                                      [pos[-1] + 1 for pos in query_positions], page_size))
         page_list = None
         if selecting:
             page_list = self._page_list_tokens(selecting, token_start=len(input_ids))
