@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.machine import results_dir
+from services.decoder.spec.drafter import LEARNED_DRAFTERS
 
 Row = tuple[str, str, float | None, float | None, float | None, str, bool | None]  # name, unit, ours, base, ratio, target, pass
 
@@ -74,7 +75,7 @@ def _spec(d: dict) -> Iterator[Row]:
             continue
         budget = r.get("verify_budget", "fixed")
         where = f"{r['kind']} c={r['concurrency']}" + (", sparse" if r.get("attention") == "sparse" else "")
-        learned = r["spec"] in ("dflash", "dspark")
+        learned = r["spec"] in LEARNED_DRAFTERS
         target, ok = "", None
         if r["spec"] == "ngram" and r["kind"] == "code_edit" and r["concurrency"] == 1:
             target, ok = ">= 1.5x", r["speedup_vs_none"] >= 1.5

@@ -47,6 +47,7 @@ from benchmarks.residency import Kvtier
 from benchmarks.sparse_quality.tasks import stdlib_documents
 from kernels import resolve_residency
 from services.decoder.kv.sparse_buffer import SparseBuffer
+from services.decoder.spec.drafter import SPEC_METHODS
 from services.metadata.redis_server import RedisServer
 
 BUFFER_OVER_WORKING_SET = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=8064, help="8064 + 64 + 32 fits the 8192-token trained context")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--top-k-tokens", type=int, default=1024)
-    parser.add_argument("--spec", choices=["ngram", "dflash", "dspark"], default="ngram")
+    parser.add_argument("--spec", choices=SPEC_METHODS[1:], default="ngram")
     parser.add_argument("--spec-tokens", type=int, default=8, help="draft tokens per verify block (gamma)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

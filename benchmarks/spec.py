@@ -26,6 +26,7 @@ import torch
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.plotting import pyplot
 from benchmarks.progress import echo, progress
+from services.decoder.spec.drafter import LEARNED_DRAFTERS, SPEC_METHODS
 
 CODE_SNIPPET = '''def merge_intervals(intervals):
     """Merge overlapping [start, end] intervals and return them sorted."""
@@ -81,7 +82,7 @@ def parse_settings(text: str) -> list[tuple[str, int, str]]:
         spec = parts[0]
         tokens = int(parts[1]) if len(parts) > 1 else (0 if spec == "none" else 4)
         budget = parts[2] if len(parts) > 2 else "fixed"
-        if spec not in ("none", "ngram", "dflash", "dspark") or budget not in ("fixed", "adaptive"):
+        if spec not in SPEC_METHODS or budget not in ("fixed", "adaptive"):
             raise ValueError(f"bad setting {item!r}: want spec[:tokens[:fixed|adaptive]]")
         settings.append((spec, tokens, budget))
     if not settings or settings[0][0] != "none":
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = {"all_lossless": all(r["lossless"] for r in rows)}
     if copy_c1:
         targets["ngram_speedup_copy_heavy_c1>=1.5"] = max(r["speedup_vs_none"] for r in copy_c1) >= 1.5
-    for drafter in ("dflash", "dspark"):
+    for drafter in LEARNED_DRAFTERS:
         chat = [r for r in rows if r["spec"] == drafter and r["kind"] == "chat" and r["spec_tokens"] == 7]
         if chat:
             targets[f"{drafter}_acceptance_length_chat_block8>=2.0"] = min(r["mean_acceptance_length"] for r in chat) >= 2.0

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from services.decoder.spec.drafter import SPEC_METHODS
+
 
 def _cmd_models_pull(args: argparse.Namespace) -> int:
     from services.decoder.model.model_store import pull_default_model
@@ -159,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--recent-pages", type=int, default=4)
     gen.add_argument("--page-score", default="center", choices=["center", "quest"],
                      help="sparse page ranking: estimated attention mass (center) or the Quest bound")
-    gen.add_argument("--spec", default="none", choices=["none", "ngram", "dflash", "dspark"],
+    gen.add_argument("--spec", default="none", choices=SPEC_METHODS,
                      help="speculative decoding drafter")
     gen.add_argument("--draft-model", default=None,
                      help="dflash/dspark checkpoint directory (default: the one shipped for SmolLM2-135M-Instruct)")

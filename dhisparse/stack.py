@@ -27,6 +27,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.decoder.spec.drafter import SPEC_METHODS
 from services.metadata.redis_server import RedisServer
 
 
@@ -261,7 +262,7 @@ def parse_options(argv: list[str] | None = None, prog: str = "dhisparse up") -> 
                         help="sparse page ranking (default: center, the estimated attention mass)")
     parser.add_argument("--gemm-dtype", choices=["float32", "bfloat16"],
                         help="decoder projection matmuls (default float32; bfloat16: oneDNN bf16 kernels, faster on CPU)")
-    parser.add_argument("--spec", choices=["none", "ngram", "dflash", "dspark"],
+    parser.add_argument("--spec", choices=SPEC_METHODS,
                         help="decoder speculative decoding drafter (default none)")
     parser.add_argument("--spec-tokens", type=int, help="draft tokens verified per step")
     parser.add_argument("--verify-budget", choices=["fixed", "adaptive"], help="draft length per request")

@@ -9,6 +9,8 @@ import torch
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.decoder.spec.drafter import LEARNED_DRAFTERS, SPEC_METHODS
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -40,7 +42,9 @@ class DecoderConfig(BaseSettings):
         "center", description="how sparse selection ranks pages: center = estimated attention mass from the key "
         "box's center (perplexity +0.9% over dense at top-k 2048 on 8K), quest = Quest upper bound (+2.8%)"
     )
-    spec: Literal["none", "ngram", "dflash", "dspark"] = Field("none", description="speculative decoding drafter")
+    spec: Literal[SPEC_METHODS] = Field(
+        "none", description="speculative decoding drafter (dflash2: DFlash with its candidate selector and convolutions)"
+    )
     draft_model: str | None = Field(
         None, description="dflash/dspark checkpoint directory (config.json + model.safetensors); None = the shipped one"
     )
@@ -104,7 +108,7 @@ class DecoderConfig(BaseSettings):
         if self.device != "cpu":
             unsupported = [name for name, on in (("attention='sparse'", self.attention == "sparse"),
                                                  ("a kvtier_address", self.kvtier_address is not None),
-                                                 (f"spec={self.spec!r}", self.spec in ("dflash", "dspark"))) if on]
+                                                 (f"spec={self.spec!r}", self.spec in LEARNED_DRAFTERS)) if on]
             if unsupported:
                 raise ValueError(f"device={self.device!r} runs dense decoding only so far; "
                                  f"{', '.join(unsupported)} needs device='cpu'")

@@ -196,6 +196,14 @@ def test_a_checkpoint_for_another_target_or_kind_is_refused(tmp_path, loaded_mod
     write_random_checkpoint(tmp_path / "plain", kind="dflash")
     with pytest.raises(DraftCheckpointError, match="holds a dflash drafter, not dspark"):
         LLM(loaded=loaded_model, spec="dspark", draft_model=str(tmp_path / "plain"))
+    with pytest.raises(DraftCheckpointError, match="holds a dflash drafter, not dflash2"):
+        LLM(loaded=loaded_model, spec="dflash2", draft_model=str(tmp_path / "plain"))
+    write_random_checkpoint(tmp_path / "two", kind="dflash2")
+    with pytest.raises(DraftCheckpointError, match="holds a dflash2 drafter, not dspark"):
+        LLM(loaded=loaded_model, spec="dspark", draft_model=str(tmp_path / "two"))
+    # --spec dflash serves the DFlash family: a DFlash2 checkpoint's config switches its additions on
+    family = LLM(loaded=loaded_model, spec="dflash", draft_model=str(tmp_path / "two"))
+    assert family.engine.speculator.drafter.net.cfg.kind == "dflash2"
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -36,7 +36,12 @@ from services.decoder.config import DecoderConfig
 from services.decoder.engine.request import Request, Residency
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
-from services.decoder.spec.drafter import Drafter, DraftRequest, make_drafter
+from services.decoder.spec.drafter import (
+    LEARNED_DRAFTERS,
+    Drafter,
+    DraftRequest,
+    make_drafter,
+)
 from services.decoder.spec.verify_budget import (
     AcceptanceEstimate,
     BudgetProfile,
@@ -49,7 +54,7 @@ from services.decoder.spec.verify_budget import (
 def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
     if config.spec == "ngram":
         return make_drafter("ngram", min_n=config.ngram_min_n, max_n=config.ngram_max_n)
-    if config.spec in ("dflash", "dspark"):
+    if config.spec in LEARNED_DRAFTERS:
         checkpoint = config.draft_model or shipped_checkpoint(config.spec)
         return make_drafter(config.spec, target=target, checkpoint=checkpoint)
     return make_drafter(config.spec)

@@ -10,6 +10,8 @@ import argparse
 import logging
 import sys
 
+from services.decoder.spec.drafter import SPEC_METHODS
+
 
 def build_parser(prog: str = "python -m services.decoder.service") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="run a decoder (gRPC) process")
@@ -36,7 +38,7 @@ def build_parser(prog: str = "python -m services.decoder.service") -> argparse.A
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="model and KV dtype (default fp32)")
     parser.add_argument("--gemm-dtype", choices=["float32", "bfloat16", "float16"],
                         help="projection matmul precision (default: --dtype; bfloat16: oneDNN bf16 kernels on CPU)")
-    parser.add_argument("--spec", choices=["none", "ngram", "dflash", "dspark"], help="speculative decoding drafter")
+    parser.add_argument("--spec", choices=SPEC_METHODS, help="speculative decoding drafter")
     parser.add_argument("--draft-model", help="dflash/dspark checkpoint directory (default: the shipped one)")
     parser.add_argument("--spec-tokens", type=int, help="draft tokens verified per step")
     parser.add_argument("--verify-budget", choices=["fixed", "adaptive"], help="draft length per request")

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+LEARNED_DRAFTERS = ("dflash", "dflash2", "dspark")  # checkpoint drafters; each ships one for the default model
+SPEC_METHODS = ("none", "ngram", *LEARNED_DRAFTERS)  # DecoderConfig.spec and every --spec flag
+
 
 @dataclass
 class DraftRequest:
@@ -66,18 +69,19 @@ class Drafter(ABC):
 
 
 def make_drafter(kind: str, target=None, **kwargs) -> Drafter | None:
-    """``none`` -> None; ``ngram`` -> ``NgramDrafter(**kwargs)``; ``dflash`` / ``dspark`` ->
-    ``DFlashDrafter`` on the checkpoint ``kwargs['checkpoint']`` for ``target`` (a LlamaModel)."""
+    """``none`` -> None; ``ngram`` -> ``NgramDrafter(**kwargs)``; ``dflash`` / ``dflash2`` /
+    ``dspark`` -> ``DFlashDrafter`` on the checkpoint ``kwargs['checkpoint']`` for ``target`` (a
+    LlamaModel)."""
     if kind == "none":
         return None
     if kind == "ngram":
         from services.decoder.spec.ngram import NgramDrafter
 
         return NgramDrafter(**kwargs)
-    if kind in ("dflash", "dspark"):
+    if kind in LEARNED_DRAFTERS:
         from services.decoder.spec.dflash.drafter import DFlashDrafter
 
         if target is None:
             raise ValueError(f"the {kind} drafter needs the target model")
         return DFlashDrafter.from_checkpoint(kwargs["checkpoint"], target, expected_kind=kind)
-    raise ValueError(f"unknown drafter {kind!r} (available: none, ngram, dflash, dspark)")
+    raise ValueError(f"unknown drafter {kind!r} (available: {', '.join(SPEC_METHODS)})")

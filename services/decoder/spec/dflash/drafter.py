@@ -37,8 +37,13 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "drafters"
 DEFAULT_TARGET = "smollm2-135m-instruct"  # the only target with shipped drafters
 
 
+# checkpoint kinds each --spec method loads (--spec dflash takes a DFlash2 checkpoint too: its
+# config switches the additions on)
+SERVES = {"dflash": ("dflash", "dflash2"), "dflash2": ("dflash2",), "dspark": ("dspark",)}
+
+
 def shipped_checkpoint(kind: str) -> Path:
-    """The ``dflash`` or ``dspark`` checkpoint this repository ships for the default model
+    """The ``dflash``, ``dflash2`` or ``dspark`` checkpoint this repository ships for the default model
     (``from_checkpoint`` refuses it, naming the mismatch, for any other target)."""
     return SHIPPED_DIR / f"{DEFAULT_TARGET}-{kind}"
 
@@ -69,7 +74,7 @@ class DFlashDrafter(Drafter):
     def from_checkpoint(cls, directory: str | Path, target, expected_kind: str) -> DFlashDrafter:
         net = load_checkpoint(directory, dtype=target.dtype)
         kind = net.cfg.kind
-        if expected_kind == "dspark" and kind != "dspark" or expected_kind == "dflash" and kind == "dspark":
+        if kind not in SERVES[expected_kind]:
             raise DraftCheckpointError(f"{directory} holds a {kind} drafter, not {expected_kind}")
         cfg = target.config
         net.cfg.check_target(cfg.num_layers, cfg.hidden_size, cfg.vocab_size)
