@@ -22,7 +22,7 @@ class DecoderConfig(BaseSettings):
     gemm_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="the projections' weights and matmul precision (None = dtype); bfloat16 with an fp32 "
         "dtype keeps norms, residuals, attention and the KV pool in fp32 and runs the matmuls on oneDNN's bf16 "
-        "kernels (AMX): ~1.7x faster one-row and ~2.2x faster 8-row forwards on CPU, see model/linear.py"
+        "kernels (AMX): decode measured 1.5-1.8x faster than fp32 on the 2-core CPU, see model/linear.py"
     )
     page_size: int = Field(16, gt=0)
     kv_cache_tokens: int = Field(32768, gt=0, description="hot pool capacity in tokens (rounded down to pages)")

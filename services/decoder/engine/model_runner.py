@@ -10,6 +10,7 @@ draft rows never reach them.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -129,8 +130,8 @@ class ModelRunner:
             query_positions = [add_tokens(s) for s in singles]
             contexts = [s.request.num_computed_tokens + 1 for s in singles]
             groups.append(build_group(0, query_positions, [s.request.slots for s in singles], contexts, page_size))
-        for length in sorted({s.num_query_tokens for s in blocks}):
-            same = [s for s in blocks if s.num_query_tokens == length]
+        for _, run in itertools.groupby(blocks, key=lambda s: s.num_query_tokens):
+            same = list(run)
             token_start = len(input_ids)
             query_positions = [add_tokens(s) for s in same]
             groups.append(build_group(token_start, query_positions, [s.request.slots for s in same],

@@ -69,11 +69,8 @@ class LlamaModel:
             return to_device(torch.cat([weights[n] for n in names]), self.gemm_dtype)
 
         self.embed_tokens = w("model.embed_tokens.weight")  # [vocab, hidden]
-        if config.tie_word_embeddings:
-            lm_head = self.embed_tokens if self.gemm_dtype == dtype else to_device(self.embed_tokens, self.gemm_dtype)
-        else:
-            lm_head = w("lm_head.weight", self.gemm_dtype)
-        self.lm_head = Linear(lm_head, packed_gemm=packed_gemm)
+        lm_head = self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head = Linear(to_device(lm_head, self.gemm_dtype), packed_gemm=packed_gemm)  # tied + same dtype: shared
         self.final_norm = w("model.norm.weight")
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):

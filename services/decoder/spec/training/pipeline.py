@@ -27,6 +27,7 @@ from services.decoder.spec.dflash.checkpoint import (
 )
 from services.decoder.spec.dflash.config import DEFAULT_CONTEXT_WINDOW, DraftConfig
 from services.decoder.spec.dflash.model import DraftNet
+from services.decoder.spec.drafter import LEARNED_DRAFTERS
 from services.decoder.spec.ngram import NgramDrafter
 from services.decoder.spec.training.archive import import_shards
 from services.decoder.spec.training.dataset import load_dataset
@@ -54,7 +55,6 @@ log = logging.getLogger("dhisparse.train_drafter")
 DEFAULT_TARGET_LAYERS = (2, 15, 28)
 MASK_TOKEN_ID = 16  # SmolLM2's <empty_output>: never produced in chat
 
-DRAFTER_KINDS = ("dflash", "dflash2", "dspark")
 DFLASH2_CONV_KERNEL = 4  # block positions a DFlash2 convolution spans
 DFLASH2_CONV_GROUP = 64  # channels sharing one dynamic kernel
 DFLASH2_TOP_K = 8  # candidates per position the DFlash2 selector re-scores
@@ -99,8 +99,8 @@ def default_config(kind: str, target_cfg, *, num_layers: int = 2, block_size: in
     the low-rank transition's rank (DSpark's Markov head, DFlash2's candidate selector); DFlash2
     convolves over ``DFLASH2_CONV_KERNEL`` positions in channel groups of ``DFLASH2_CONV_GROUP``
     and picks among the top ``DFLASH2_TOP_K`` candidates."""
-    if kind not in DRAFTER_KINDS:
-        raise ValueError(f"--kind must be one of {DRAFTER_KINDS}, got {kind!r}")
+    if kind not in LEARNED_DRAFTERS:
+        raise ValueError(f"--kind must be one of {LEARNED_DRAFTERS}, got {kind!r}")
     dflash2 = kind == "dflash2"
     cfg = DraftConfig(
         hidden_size=target_cfg.hidden_size, num_layers=num_layers, num_heads=target_cfg.num_heads,
