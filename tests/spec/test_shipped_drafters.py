@@ -1,13 +1,16 @@
-"""The DFlash and DSpark drafters shipped for the default model: they load by default, verify
-losslessly, and (trained) get drafts accepted on held-out chat prompts. A random drafter of the
-same shape commits 1.0 tokens per verify (nothing accepted); the shipped ones measured 1.78-1.88
-on held-out distilled chat (decoding walk, their README.md) and 1.58 in the engine on chat prompts
-like these (1.4-1.45 before the 2026-12-01 data round), so 1.1 separates trained from untrained."""
+"""The DFlash, DFlash2 and DSpark drafters shipped for the default model: they load by default,
+verify losslessly, and (trained) get drafts accepted on held-out chat prompts. A random drafter of
+the same shape commits 1.0 tokens per verify (nothing accepted); the shipped ones measured
+1.79-2.06 on held-out distilled chat (decoding walk, their README.md) and 1.85 in the engine on 24
+held-out chat prompts, so 1.1 separates trained from untrained."""
+
+import math
 
 import pytest
 
 from dhisparse import LLM, SamplingParams
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
+from services.decoder.spec.drafter import LEARNED_DRAFTERS
 
 # held out: never in the training prompt set (services/decoder/spec/training/prompts.py)
 CHAT = ["What are three good habits for learning a new language?", "Explain what a hash table is to a beginner.",
@@ -21,7 +24,7 @@ def chat_prompts(loaded_model):
             for c in CHAT]
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+@pytest.mark.parametrize("kind", LEARNED_DRAFTERS)
 def test_shipped_drafter_is_lossless_and_accepts(loaded_model, chat_prompts, kind):
     assert (shipped_checkpoint(kind) / "model.safetensors").is_file()
     params = SamplingParams(max_tokens=48)
@@ -34,7 +37,7 @@ def test_shipped_drafter_is_lossless_and_accepts(loaded_model, chat_prompts, kin
     assert steps > 0 and (accepted + steps) / steps > 1.1, (accepted, steps)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+@pytest.mark.parametrize("kind", LEARNED_DRAFTERS)
 def test_shipped_drafter_starts_the_budget_from_its_heldout_acceptance(loaded_model, kind):
     """The adaptive budget's starting survival estimate is the checkpoint's measured held-out mean
     acceptance length turned into a per-position survival (1 + p + ... + p^7 = that length)."""
@@ -54,7 +57,7 @@ def test_shipped_drafter_starts_the_budget_from_its_heldout_acceptance(loaded_mo
     assert set(llm.engine.speculator.drafter.head._packs) == set(PACK_BUCKETS_ROWS)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+@pytest.mark.parametrize("kind", LEARNED_DRAFTERS)
 def test_a_shorter_draft_is_the_full_drafts_prefix(loaded_model, chat_prompts, kind):
     """The drafter scores only the positions a request asks for (its heads pick left to right,
     the block's attention stays whole), so asking for 2 tokens gives the first 2 of the 7-token
@@ -78,18 +81,57 @@ def test_a_shorter_draft_is_the_full_drafts_prefix(loaded_model, chat_prompts, k
     engine.abort(rid)
 
 
+def bf16_ulp(value: float) -> float:
+    """The spacing of bfloat16 numbers (8 significant bits) around ``value``."""
+    return 2.0 ** (math.floor(math.log2(abs(value))) - 7)
+
+
+def greedy_alone_with_logits(loaded_model, prompt, params, **fields):
+    """Plain greedy decoding of one request alone (one row per step) and the logits each step
+    chose from: ``(token_ids, [vocab] logits per generated token)``."""
+    llm = LLM(loaded=loaded_model, **fields)
+    forward, rows = llm.engine.model.forward, []
+
+    def recording_forward(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        rows.append((out[0] if isinstance(out, tuple) else out)[-1].clone())
+        return out
+
+    llm.engine.model.forward = recording_forward
+    return llm.generate([prompt], params)[0].token_ids, rows
+
+
 @pytest.mark.parametrize("attention", [{}, dict(attention="sparse", top_k_tokens=16, sink_pages=1, recent_pages=2)],
                          ids=["dense", "sparse"])
 def test_bf16_projections_verify_losslessly(loaded_model, chat_prompts, attention):
     """gemm_dtype=bf16 (oneDNN kernels): speculation against that target reproduces that
-    target's own plain greedy decoding, token for token, dense and with a sparse selection."""
+    target's own greedy decoding, dense and with a sparse selection, up to bf16 rounding ties.
+
+    Why not token for token: the oneDNN bf16 GEMM returns bf16, so logits near 20 are quantised to
+    0.125 and exact ties between the top two tokens occur; and a row's rounding depends on the
+    batch's row count on some CPUs (AVX512-BF16 on AMD EPYC: the K=1536 down projection differs
+    from 7-15 rows on; on the AMX machine it matched up to 16). Plain batched decoding departs
+    from one-request decoding at such ties too (measured: gaps 0, 0.0625, 0.125). So each
+    speculative output must equal the request decoded alone up to its first difference, and
+    there the token it took must be within two bf16 steps of the alone run's argmax logit; a
+    verifier that accepted a wrong draft token would leave a gap of whole logits."""
     params = SamplingParams(max_tokens=48)
     fields = dict(gemm_dtype="bfloat16", **attention)
-    plain = LLM(loaded=loaded_model, **fields)
-    assert plain.engine.model.layers[0].qkv.packed_path == "onednn-bf16"
-    want = [o.token_ids for o in plain.generate(chat_prompts, params)]
     llm = LLM(loaded=loaded_model, spec="dspark", spec_tokens=7, **fields)
+    assert llm.engine.model.layers[0].qkv.packed_path == "onednn-bf16"
     outs = llm.generate(chat_prompts, params)
-    assert [o.token_ids for o in outs] == want
+    matched = 0
+    for prompt, out in zip(chat_prompts, outs):
+        alone, logits = greedy_alone_with_logits(loaded_model, prompt, params, **fields)
+        first = next((i for i, (a, b) in enumerate(zip(alone, out.token_ids)) if a != b), None)
+        if first is None:
+            assert out.token_ids == alone
+            matched += len(alone)
+            continue
+        row = logits[first]
+        gap = (row.max() - row[out.token_ids[first]]).item()
+        assert gap <= 2 * bf16_ulp(row.max().item()), (first, gap)
+        matched += first
+    assert matched >= len(chat_prompts) * params.max_tokens // 2  # ties are rare: most tokens compared
     assert sum(o.stats["accepted_tokens"] for o in outs) > 0
     assert llm.engine.check_integrity()

@@ -15,8 +15,13 @@ Two CPU fast paths, both chosen by the weight's dtype:
   machine with SmolLM2-135M's shapes, each layer's weight cache-hot (30 layers + LM head): 1 row
   4.9 ms vs fp32 8.1 ms, 8 rows 5.2 ms vs fp32 packs 11.3 ms, 16 rows 5.9 ms vs 16.7 ms; plain bf16
   ``F.linear`` is slower than fp32 at 1 row (9.6 ms). In the engine a step streams every weight
-  from DRAM, so the gain is the halved bytes: 4 concurrent decodes 142-148 vs 78 tok/s in fp32. Up to 16 rows each row's result is bit-identical to running that row alone (the
-  same kernel blocking), which keeps speculative verification consistent with one-token decoding.
+  from DRAM, so the gain is the halved bytes: 4 concurrent decodes 142-148 vs 78 tok/s in fp32.
+  The result is bf16 (logits near 20 step by 0.125, so top-two ties happen), and on some CPUs a
+  row's rounding depends on the call's row count: on the AMX machine rows matched one-row calls up
+  to 16, on an AVX512-BF16 AMD EPYC the K=1536 down projection differs from 7-15 rows on. Greedy
+  decoding in bf16 (plain batched as well as speculative) is therefore exact only up to such
+  rounding ties; in fp32 (the default) row counts change only the last bits of a sum, and
+  greedy outputs, speculative or not, match token for token in every test.
 
 Inputs of another dtype than the weight are rounded to the weight's dtype and the result is
 returned in the input's dtype (bf16 projections inside an fp32 model, see ``LlamaModel``).
