@@ -10,7 +10,9 @@ learns that the lease was lost, takes a new one, and drops the requests kvtier n
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 
 import torch
 
@@ -58,3 +60,20 @@ def test_a_decoder_paused_past_its_lease_writes_nothing_into_pages_it_lost(kvtie
             assert stats["num_live_decoders"] == 2  # A holds a new lease
     finally:
         a.client.close()
+
+
+def test_a_client_dropped_without_close_is_collected_and_its_heartbeat_stops(kvtier_process):
+    """The heartbeat thread holds its client weakly: an engine dropped without ``close()`` must not
+    keep its client (shared-memory mapping, channel) alive through the thread, and the lease lapses
+    as a dead decoder's does. **Before**, the thread's closure held the client for ever."""
+    kv = kvtier_process(host_pool_pages=4, lease_ttl_s=LEASE_TTL_S, reap_interval_s=0.1)
+    client = KvtierClient(kv.address, "A", "m", LAYOUT)
+    client.attach()
+    client.start_heartbeat(interval_s=0.05)
+    thread = client._heartbeat_thread
+    ref = weakref.ref(client)
+    del client
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=5)
+    assert not thread.is_alive()

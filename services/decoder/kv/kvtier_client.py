@@ -22,6 +22,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Self
@@ -218,19 +219,26 @@ class KvtierClient:
         return self._call("Heartbeat", pb.HeartbeatRequest(decoder_id=self.decoder_id)).lease_expires_unix_s
 
     def start_heartbeat(self, interval_s: float | None = None) -> None:
-        """Heartbeats from a daemon thread every ``interval_s`` (default: a third of the TTL)."""
+        """Heartbeats from a daemon thread every ``interval_s`` (default: a third of the TTL). The
+        thread holds the client weakly: a client dropped without ``close()`` (its engine gone) is
+        collected, its mapping and channel with it, and its lease lapses as a dead decoder's does."""
         if self._heartbeat_thread is not None:
             return
         if interval_s is None:
             interval_s = (self.attach_info.lease_ttl_s if self.attach_info else 10.0) / 3
         stop = threading.Event()
+        client_ref = weakref.ref(self)
 
         def loop():
             while not stop.wait(interval_s):
+                client = client_ref()
+                if client is None:
+                    return
                 try:
-                    self.heartbeat()
+                    client.heartbeat()
                 except KvtierClientError as exc:
                     log.warning("kvtier heartbeat failed: %s", exc)
+                del client
 
         self._heartbeat_stop = stop
         self._heartbeat_thread = threading.Thread(target=loop, name="kvtier-heartbeat", daemon=True)
