@@ -144,7 +144,9 @@ class Speculator:
         self.drafter.prepare([a.request_id for a in asks])  # the deferred context work, priced with the call
         drafts = self.drafter.propose_batch(asks)
         if self.draft_costs is not None:
-            self.draft_costs.observe(len(asks), time.perf_counter() - start)
+            # the table prices one position per request: the modelled rest is taken off first
+            extra_s = self.profile.draft_s_per_position * (sum(a.max_tokens for a in asks) - len(asks))
+            self.draft_costs.observe(len(asks), time.perf_counter() - start - extra_s)
         self.num_drafter_calls += 1
         if self.profile is not None:
             lengths = self._lengths(running, drafting, [self.calibration(d.confidences) if d.confidences
@@ -169,9 +171,9 @@ class Speculator:
         predicted length + ``LENGTH_HEADROOM``: the drafter then scores only those positions
         (its heads run per position), and confidences may still cut the draft or use the
         headroom."""
-        draft_s = self.draft_costs.seconds_at(len(drafting))
+        draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
         predicted = self._lengths(running, drafting, [[self.estimate(r).rate] * n for r, n in zip(drafting, max_tokens)],
-                                  draft_s, self.MIN_GAIN)
+                                  draft_s, self.MIN_GAIN, self.profile.draft_s_per_position)
         for request, length in zip(drafting, predicted):
             if length == 0:
                 self._idle(request)
@@ -181,9 +183,11 @@ class Speculator:
             self.draft_costs.relax(self.COST_RELAX)
         return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + self.LENGTH_HEADROOM) for i in keep]
 
-    def _lengths(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0) -> list[int]:
+    def _lengths(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
+                 draft_s_per_position: float = 0.0) -> list[int]:
         return choose_draft_lengths(confidences, committed_base=len(running), tokens_base=len(running),
                                     costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
+                                    draft_s_per_position=draft_s_per_position,
                                     fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting])
 
     def fetch_s_per_position(self, request: Request) -> float:

@@ -9,6 +9,7 @@ import time
 
 from services.decoder.engine.sampling_params import SamplingParams
 from services.decoder.engine.scheduler import ScheduledRequest
+from services.decoder.model.linear import MIN_PACKED_ROWS, PACK_BUCKETS_ROWS
 from services.decoder.spec.drafter import DraftRequest
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
 
@@ -23,8 +24,10 @@ PACK_WARMUP_REQUESTS = (1, 2, 4, 8, 16)
 def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> BudgetProfile:
     """Prefills one synthetic request of ``context_tokens`` tokens, times a verify step of each
     size in ``PROFILE_TOKENS`` on it (median of ``repeats``), a drafter call for it repeated
-    ``PROFILE_DRAFT_REQUESTS`` times (one untimed call of each size first, then each timed call
-    right after a target step) and, with a host tier, the fetch of its written-back pages; then
+    ``PROFILE_DRAFT_REQUESTS`` times asking one position each (one untimed call of each size
+    first, then each timed call right after a target step), the largest of them again asking
+    ``spec_tokens`` positions each (what one more asked position costs: a block drafter's heads
+    run per position) and, with a host tier, the fetch of its written-back pages; then
     aborts it. Run on an idle engine with a drafter attached (at start-up)."""
     vocab = engine.model_config.vocab_size
     prompt = [(7919 * i) % vocab for i in range(1, context_tokens + 1)]
@@ -48,9 +51,18 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
         # each timed call right after a target step, as while serving: the step reads every target
         # weight and evicts the drafter's from the caches (back-to-back calls read ~30% faster)
         decode_step = ScheduledRequest(request, 1, [])
-        draft_seconds = [_median_s(lambda n=n: drafter.propose_batch(asks[n]), repeats,
-                                   before=lambda: engine.runner.execute([decode_step]))
-                         for n in PROFILE_DRAFT_REQUESTS]
+        spec_tokens = engine.speculator.spec_tokens
+
+        def draft_s(num_requests: int, num_positions: int) -> float:
+            ask = [DraftRequest(rid, prompt, num_positions)] * num_requests
+            return _median_s(lambda: drafter.propose_batch(ask), repeats,
+                             before=lambda: engine.runner.execute([decode_step]))
+
+        draft_seconds = [draft_s(n, 1) for n in PROFILE_DRAFT_REQUESTS]  # one position each
+        most = PROFILE_DRAFT_REQUESTS[-1]
+        extra_positions = most * (spec_tokens - 1)
+        s_per_position = (max(draft_s(most, spec_tokens) - draft_seconds[-1], 0.0) / extra_positions
+                          if extra_positions else 0.0)
         fetch_s = 0.0
         tier = engine.host_tier
         if tier is not None and request.num_host_pages:
@@ -63,8 +75,12 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
         engine.requests.pop(rid, None)
         if engine.host_tier is not None:
             engine.host_tier.flush()
-    return BudgetProfile(CostTable(PROFILE_TOKENS[: len(seconds)], tuple(_never_less_for_more(seconds))),
-                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s)
+    counts = PROFILE_TOKENS[: len(seconds)]
+    padded = engine.model.lm_head.packed_path == "mkl-fp32-packs"  # every projection takes the same path
+    buckets = tuple(b for b in PACK_BUCKETS_ROWS if b <= counts[-1]) if padded else ()
+    step_costs = CostTable(counts, tuple(_never_less_for_more(seconds)), buckets, MIN_PACKED_ROWS if buckets else 0)
+    return BudgetProfile(step_costs,
+                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s, s_per_position)
 
 
 def _never_less_for_more(seconds: list[float]) -> list[float]:

@@ -39,13 +39,28 @@ class CostTable:
 
     counts: tuple[int, ...]
     seconds: tuple[float, ...]
+    # counts the step's matmuls pad up to a bucket (fp32 MKL packs, ``model/linear.padded_rows``):
+    # ``pad_buckets`` ascending, padding counts from ``pad_from`` on; each bucket must be a count.
+    # Such a count costs what its bucket costs: 9 verified tokens cost the 16-row GEMM, which
+    # interpolating between 8 and 16 would price at about half of the way up
+    pad_buckets: tuple[int, ...] = ()
+    pad_from: int = 0
 
     def __post_init__(self) -> None:
         if not self.counts or len(self.counts) != len(self.seconds) or list(self.counts) != sorted(set(self.counts)):
             raise ValueError("counts must be strictly ascending and match seconds one to one")
+        if not set(self.pad_buckets) <= set(self.counts):
+            raise ValueError(f"pad buckets {self.pad_buckets} must be profiled counts")
+
+    def padded(self, count: int) -> int:
+        if self.pad_buckets and self.pad_from <= count <= self.pad_buckets[-1]:
+            return next(b for b in self.pad_buckets if count <= b)
+        return count
 
     def seconds_at(self, count: int) -> float:
-        """Linear interpolation; beyond the last point, the last slope (or flat with one point)."""
+        """The padded count's seconds: linear interpolation; beyond the last point, the last
+        slope (or flat with one point)."""
+        count = self.padded(count)
         cs, ss = self.counts, self.seconds
         i = bisect.bisect_left(cs, count)
         if i < len(cs) and cs[i] == count:
@@ -134,8 +149,10 @@ class BudgetProfile:
     """What the adaptive budget measured on this engine at start-up (``engine/step_profile.py``)."""
 
     step_costs: CostTable  # step seconds vs batch tokens
-    draft_costs: CostTable  # the drafter's propose seconds vs requests drafted in one call
+    draft_costs: CostTable  # the drafter's propose seconds vs requests drafted in one call, one position each
     fetch_s_per_page_layer: float = 0.0  # one host page of one layer into the hot pool; 0 without a host tier
+    # each position asked beyond one per request (a block drafter's heads run per asked position)
+    draft_s_per_position: float = 0.0
 
 
 class AcceptanceEstimate:
@@ -270,7 +287,7 @@ def expected_committed(confidences: list[float]) -> float:
 def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int,
                          costs: CostTable | CalibratedCosts,
                          fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
-                         min_gain: float = 0.0) -> list[int]:
+                         min_gain: float = 0.0, draft_s_per_position: float = 0.0) -> list[int]:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -283,14 +300,16 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     plus the request's fetches; within a request that is position order), and the best prefix of
     that order wins (ties go to fewer tokens; the empty prefix, no
     speculation, is always a candidate). ``draft_s``: seconds charged once if any position is
-    taken (the drafter's own forward, when it has not run yet). ``min_gain``: drafts must
+    taken (the drafter's own forward, when it has not run yet), and ``draft_s_per_position`` for
+    each position taken (what asking the drafter for one more position costs). ``min_gain``: drafts must
     promise at least this fraction more tokens per second than none, per drafting request (a
     margin for what the model leaves out and grows with the requests that draft: verification
     bookkeeping, and the noise of the estimates that picked them)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
+    # + asking the drafter for it
     slope = max((costs.seconds_at(tokens_base + 16) - costs.seconds_at(tokens_base)) / 16, 1e-9)
-    price = [slope + f for f in fetch]
+    price = [slope + f + draft_s_per_position for f in fetch]
     heap = []  # (-P(position accepted) / its price, request, position index)
     for r, conf in enumerate(confidences):
         if conf:
@@ -298,7 +317,8 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
     alive = [1.0] * len(confidences)
     lengths = [0] * len(confidences)
     best_lengths = list(lengths)
-    expected, tokens, fetch_s = float(committed_base), tokens_base, 0.0
+    # position_s: the seconds the positions taken cost beyond the step (their fetches, the drafter's asks)
+    expected, tokens, position_s = float(committed_base), tokens_base, 0.0
     step_s = costs.seconds_at(tokens)
     base_rate = best_rate = expected / max(step_s, 1e-12)
     drafting = 0  # requests with a position taken so far
@@ -307,13 +327,13 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
         alive[r] *= confidences[r][k]
         expected += alive[r]
         tokens += 1
-        fetch_s += fetch[r]
+        position_s += fetch[r] + draft_s_per_position
         drafting += k == 0
         lengths[r] = k + 1
         # a step with more tokens never costs less: a calibrated table can dip between anchors
         # measured at different times (a slow first decode step next to a fast prefill)
         step_s = max(step_s, costs.seconds_at(tokens))
-        rate = expected / max(step_s + fetch_s + draft_s, 1e-12)
+        rate = expected / max(step_s + position_s + draft_s, 1e-12)
         if rate > best_rate * (1 + 1e-9) and rate >= base_rate * (1 + min_gain * drafting):
             best_rate, best_lengths = rate, list(lengths)
         if k + 1 < len(confidences[r]):

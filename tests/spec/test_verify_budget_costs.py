@@ -1,0 +1,54 @@
+"""What the adaptive budget charges a draft: the step's padded GEMM rows and the drafter's asked
+positions. Exact choices against hand-computed or brute-force optima."""
+
+import pytest
+
+from services.decoder.engine.step_profile import PROFILE_TOKENS
+from services.decoder.model.linear import MIN_PACKED_ROWS, PACK_BUCKETS_ROWS, padded_rows
+from services.decoder.spec.verify_budget import CostTable, choose_draft_lengths, expected_committed
+
+FP32_MS = (10.0, 10.0, 10.0, 10.0, 10.0, 13.0, 30.0, 60.0)  # at PROFILE_TOKENS: the 8-row pack is 4 rows' cost
+PADDED = CostTable(PROFILE_TOKENS, tuple(ms / 1e3 for ms in FP32_MS), PACK_BUCKETS_ROWS, MIN_PACKED_ROWS)
+LINEAR = CostTable(PROFILE_TOKENS, PADDED.seconds)  # the same points read as a smooth curve
+
+
+def test_the_padded_table_prices_a_count_at_the_bucket_the_gemm_runs():
+    for count in range(1, 90):
+        assert PADDED.padded(count) == padded_rows(count)
+    assert PADDED.seconds_at(9) == PADDED.seconds_at(16) == pytest.approx(0.013)
+    assert PADDED.seconds_at(17) == pytest.approx(0.030)
+    assert LINEAR.seconds_at(12) == pytest.approx(0.0115)  # what interpolation would have charged
+    assert PADDED.seconds_at(3) == pytest.approx(0.010)
+    assert PADDED.seconds_at(96) == pytest.approx(0.090)  # beyond the packs: the last slope
+    with pytest.raises(ValueError):
+        CostTable((1, 8), (0.01, 0.02), (8, 16), 4)  # a bucket that was not profiled
+
+
+def _true_rate(lengths, p, base):
+    tokens = base + sum(lengths)
+    return sum(expected_committed([p] * k) for k in lengths) / PADDED.seconds_at(tokens)
+
+
+def test_drafts_fill_the_gemm_bucket_instead_of_spilling_into_the_next():
+    """Four decoding requests, each position surviving at 0.6. Padded, the budget's choice is the
+    brute-force best over every split of draft tokens (1 - 7 each): it fills the 16-row bucket.
+    Interpolated, it stops part-way into that bucket, where the GEMM already runs 16 rows: a
+    worse true rate."""
+    p, base = 0.6, 4
+    chosen = choose_draft_lengths([[p] * 7] * 4, base, base, PADDED)
+    best = max(((a, b, c, d) for a in range(8) for b in range(8) for c in range(8) for d in range(8)),
+               key=lambda lengths: _true_rate(lengths, p, base))
+    assert _true_rate(chosen, p, base) == pytest.approx(_true_rate(best, p, base))
+    assert base + sum(chosen) == 16
+    interpolated = choose_draft_lengths([[p] * 7] * 4, base, base, LINEAR)
+    assert base + sum(interpolated) not in PACK_BUCKETS_ROWS
+    assert _true_rate(interpolated, p, base) < _true_rate(chosen, p, base) * 0.99
+
+
+def test_each_asked_position_costs_the_drafter_time():
+    """A memory-bound step (10 ms at any size), positions surviving at 0.5: free positions are
+    all worth verifying; at 2 ms of drafter time each, E(k) / (10 + 2k) ms is 1.5 / 12 = 1.75 / 14
+    for k = 1, 2 and lower after: the tie goes to the shorter draft."""
+    flat = CostTable((1, 64), (0.010, 0.010))
+    assert choose_draft_lengths([[0.5] * 7], 1, 1, flat) == [7]
+    assert choose_draft_lengths([[0.5] * 7], 1, 1, flat, draft_s_per_position=0.002) == [1]
