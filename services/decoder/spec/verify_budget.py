@@ -11,13 +11,14 @@ step's requests, since each verified token costs every request step time); for o
 where p_i is the probability that draft position i survives given its prefix did (the drafter's
 confidence; the n-gram drafter has none, so p_i = a, the request's running survival estimate),
 ``step_s`` is the engine's measured step time at ``T`` batch tokens (a table profiled at
-start-up, interpolated; ``T`` = the step's other tokens + 1), and ``fetch_s(k)`` is what nobody
+start-up, interpolated; a count that the fp32 GEMMs pad up to a packed bucket costs that
+bucket; ``T`` = the step's other tokens + 1), and ``fetch_s(k)`` is what nobody
 else charges: a SPARSE request's larger working set must fetch pages from the host, k more
 verified positions x its measured misses per position x the measured seconds per fetched
 page-layer. Under hot-tier pressure (high miss rate) the budget shrinks.
 
-``draft_s`` is the drafter's own forward (profiled at start-up too). It is spent before any
-confidence is known, so the engine first asks the same question with each request's running
+``draft_s`` is the drafter's own forward (profiled at start-up too: per call, plus per position
+asked). It is spent before any confidence is known, so the engine first asks the same question with each request's running
 survival estimate and the drafter's cost: when no draft would pay for it, the drafter does not
 run that step, and speculation costs no more than its feature capture (see
 ``engine/speculation.py``). Both tables are corrected while serving by the step and drafter times
