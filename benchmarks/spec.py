@@ -233,7 +233,17 @@ def main(argv: list[str] | None = None) -> int:
                     echo(f"{attention:6s} {kind:12s} c={concurrency:2d} {spec:6s} k={spec_tokens} {budget:8s}: "
                          f"{figures['tokens_per_s']:7.1f} tok/s x{row['speedup_vs_none']:.2f}  "
                          f"acc.len {figures['mean_acceptance_length']:.2f}  lossless={row['lossless']}")
+                write_results(args, loaded, rows)
     bar.close()
+    targets = write_results(args, loaded, rows)
+    for name, ok in targets.items():
+        print(f"{name}: {'PASS' if ok else 'FAIL'}")
+    return 0
+
+
+def write_results(args, loaded, rows: list[dict]) -> dict[str, bool]:
+    """Targets over ``rows`` so far; writes ``<name>.json`` and ``.png`` (called after every
+    group of settings, so a run killed part-way, e.g. out of memory, keeps what it measured)."""
     copy_c1 = [r for r in rows if r["kind"] == "code_edit" and r["concurrency"] == 1 and r["spec"] == "ngram"]
     targets = {"all_lossless": all(r["lossless"] for r in rows)}
     if copy_c1:
@@ -257,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / f"{args.name}.json", result)
     _plot(rows, out_dir / f"{args.name}.png")
-    for name, ok in targets.items():
-        print(f"{name}: {'PASS' if ok else 'FAIL'}")
-    return 0
+    return targets
 
 
 def adaptive_targets(rows: list[dict]) -> dict[str, bool]:
