@@ -37,11 +37,12 @@ PACK_BUCKETS_ROWS = (8, 16, 32, 64)
 MIN_PACKED_ROWS = 4  # 1-3 rows: plain sgemv/sgemm costs less than padding to an 8-row pack
 
 
-def padded_rows(num_rows: int) -> int:
-    """The rows an fp32 packed GEMM runs for ``num_rows``: the bucket that holds them (4-64), or
-    ``num_rows`` itself outside the packed range. A step costs what its padded rows cost."""
-    if MIN_PACKED_ROWS <= num_rows <= PACK_BUCKETS_ROWS[-1]:
-        return next(b for b in PACK_BUCKETS_ROWS if num_rows <= b)
+def padded_rows(num_rows: int, buckets: tuple[int, ...] = PACK_BUCKETS_ROWS, min_rows: int = MIN_PACKED_ROWS) -> int:
+    """The rows an fp32 packed GEMM runs for ``num_rows``: the smallest of ``buckets`` (ascending)
+    that holds them when ``min_rows <= num_rows <= buckets[-1]``, else ``num_rows`` itself. A
+    step costs what its padded rows cost (the verify budget prices counts with this rule too)."""
+    if buckets and min_rows <= num_rows <= buckets[-1]:
+        return next(b for b in buckets if num_rows <= b)
     return num_rows
 
 
@@ -98,9 +99,8 @@ class Linear:
             x = x.to(self.weight.dtype)
         if self._onednn_pack is not None:
             y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._onednn_pack, self.bias, "none", [], "")
-        elif self.use_packs and padded_rows(x.shape[0]) in PACK_BUCKETS_ROWS:
+        elif self.use_packs and (bucket := padded_rows(x.shape[0])) in PACK_BUCKETS_ROWS:
             num_rows = x.shape[0]
-            bucket = padded_rows(num_rows)
             if num_rows != bucket:
                 x = F.pad(x, (0, 0, 0, bucket - num_rows))
             y = torch.ops.mkl._mkl_linear(x.contiguous(), self._pack(bucket), self.weight, self.bias, bucket)[:num_rows]

@@ -18,11 +18,11 @@ verified positions x its measured misses per position x the measured seconds per
 page-layer. Under hot-tier pressure (high miss rate) the budget shrinks.
 
 ``draft_s`` is the drafter's own forward (profiled at start-up too: per call, plus per position
-asked). It is spent before any confidence is known, so the engine first asks the same question with each request's running
-survival estimate and the drafter's cost: when no draft would pay for it, the drafter does not
-run that step, and speculation costs no more than its feature capture (see
-``engine/speculation.py``). Both tables are corrected while serving by the step and drafter times
-the engine measures (``CalibratedCosts``).
+asked). It is spent before any confidence is known, so the engine first asks the same question
+with each request's running survival estimate and the drafter's cost: when no draft would pay
+for it, the drafter does not run that step, and speculation costs no more than its feature
+capture (see ``engine/speculation.py``). Both tables are corrected while serving by the step and
+drafter times the engine measures (``CalibratedCosts``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import bisect
 import heapq
 import math
 from dataclasses import dataclass
+
+from services.decoder.model.linear import padded_rows
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,7 @@ class CostTable:
             raise ValueError(f"pad buckets {self.pad_buckets} must be profiled counts")
 
     def padded(self, count: int) -> int:
-        if self.pad_buckets and self.pad_from <= count <= self.pad_buckets[-1]:
-            return next(b for b in self.pad_buckets if count <= b)
-        return count
+        return padded_rows(count, self.pad_buckets, self.pad_from)
 
     def seconds_at(self, count: int) -> float:
         """The padded count's seconds: linear interpolation; beyond the last point, the last
