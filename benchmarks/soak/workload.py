@@ -76,9 +76,14 @@ def client(url: str, cfg: SoakConfig, index: int, t0: float, stop_at: float, tal
 
 
 def _requests(url: str, cfg: SoakConfig, index: int, t0: float, stop_at: float, tally: Tally) -> None:
+    """Client ``index``'s request loop. A request refused with 429 is sent again, unchanged, after
+    its Retry-After: so the mix of admitted requests follows the configured fractions however many
+    refusals a slow machine makes. The first request of clients 0 and 1 always disconnects (client
+    0 mid-stream, client 1 mid-request), so both disconnect paths run in every soak."""
     rng = random.Random(cfg.seed * 1000 + index)
     shorts, longs = prompts()
     with httpx.Client(timeout=httpx.Timeout(300.0, connect=10.0)) as http:
+        first = True
         while time.monotonic() < stop_at:
             long = rng.random() < cfg.long_fraction
             which = rng.randrange(len(longs) if long else len(shorts))
@@ -90,16 +95,15 @@ def _requests(url: str, cfg: SoakConfig, index: int, t0: float, stop_at: float, 
                 body["seed"] = rng.randrange(1 << 30)
             stream = rng.random() >= cfg.non_stream_fraction
             cancel = rng.random() < cfg.cancel_fraction
-            try:
-                if stream:
-                    outcome = _streamed(http, url, body, rng.randint(1, max_tokens - 1) if cancel else None)
-                else:
-                    outcome = _unary(http, url, body, rng.uniform(0.2, 2.0) if cancel else None)
-            except httpx.HTTPError as exc:
-                outcome = ("error", None, None, f"{type(exc).__name__}: {exc}")
+            cancel_after_tokens, disconnect_after_s = rng.randint(1, max_tokens - 1), rng.uniform(0.2, 2.0)
+            if first and index < 2:
+                stream, cancel, disconnect_after_s = index == 0, True, 0.3
+            first = False
+            outcome = _admitted(http, url, body, stream, cancel, cancel_after_tokens, disconnect_after_s,
+                                t0, stop_at, tally)
+            if outcome is None:
+                return  # refused until the end of the run
             kind, text, usage, problem = outcome
-            if kind == "429":
-                time.sleep(float(text))
             if kind == "ok":
                 if usage["completion_tokens"] != max_tokens:
                     kind, problem = "error", f"{usage['completion_tokens']} tokens, asked {max_tokens}"
@@ -111,6 +115,25 @@ def _requests(url: str, cfg: SoakConfig, index: int, t0: float, stop_at: float, 
                         tally.counts["greedy_mismatch"] += 1
                         problem = f"greedy text of {key} changed: {text!r} != {tally.greedy[key]!r}"
             tally.add(t0, kind, problem)
+
+
+def _admitted(http: httpx.Client, url: str, body: dict, stream: bool, cancel: bool, cancel_after_tokens: int,
+              disconnect_after_s: float, t0: float, stop_at: float, tally: Tally):
+    """Sends one request until it is not refused with 429 (each 429 tallied, Retry-After honoured);
+    returns its outcome, or None when the run ended while it was being refused."""
+    while time.monotonic() < stop_at:
+        try:
+            if stream:
+                outcome = _streamed(http, url, body, cancel_after_tokens if cancel else None)
+            else:
+                outcome = _unary(http, url, body, disconnect_after_s if cancel else None)
+        except httpx.HTTPError as exc:
+            outcome = ("error", None, None, f"{type(exc).__name__}: {exc}")
+        if outcome[0] != "429":
+            return outcome
+        tally.add(t0, "429")
+        time.sleep(float(outcome[1]))
+    return None
 
 
 def _streamed(http: httpx.Client, url: str, body: dict, cancel_after: int | None):
