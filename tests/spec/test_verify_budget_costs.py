@@ -5,7 +5,7 @@ import pytest
 
 from services.decoder.engine.step_profile import PROFILE_TOKENS
 from services.decoder.model.linear import MIN_PACKED_ROWS, PACK_BUCKETS_ROWS, padded_rows
-from services.decoder.spec.verify_budget import CostTable, choose_draft_lengths, expected_committed
+from services.decoder.spec.verify_budget import CostTable, choose_draft_lengths, choose_draft_plan, expected_committed
 
 FP32_MS = (10.0, 10.0, 10.0, 10.0, 10.0, 13.0, 30.0, 60.0)  # at PROFILE_TOKENS: the 8-row pack is 4 rows' cost
 PADDED = CostTable(PROFILE_TOKENS, tuple(ms / 1e3 for ms in FP32_MS), PACK_BUCKETS_ROWS, MIN_PACKED_ROWS)
@@ -52,3 +52,22 @@ def test_each_asked_position_costs_the_drafter_time():
     flat = CostTable((1, 64), (0.010, 0.010))
     assert choose_draft_lengths([[0.5] * 7], 1, 1, flat) == [7]
     assert choose_draft_lengths([[0.5] * 7], 1, 1, flat, draft_s_per_position=0.002) == [1]
+
+
+def test_the_plan_states_what_it_expects_and_what_it_is_priced_at():
+    """Four requests at 0.6 per position, padded fp32 table: the plan's expected tokens are the
+    bonus tokens plus each draft's expected accepted prefix, its seconds the padded step plus
+    0.5 ms per position, and its gain their rate over four tokens in the 4-token step."""
+    p, base = 0.6, 4
+    plan = choose_draft_plan([[p] * 7] * 4, base, base, PADDED, draft_s_per_position=0.0005)
+    tokens = base + sum(plan.lengths)
+    assert plan.lengths == choose_draft_lengths([[p] * 7] * 4, base, base, PADDED, draft_s_per_position=0.0005)
+    assert plan.expected_committed == pytest.approx(sum(expected_committed([p] * k) for k in plan.lengths))
+    assert plan.seconds == pytest.approx(PADDED.seconds_at(tokens) + 0.0005 * sum(plan.lengths))
+    assert plan.base_rate == pytest.approx(4 / PADDED.seconds_at(4))
+    assert plan.gain == pytest.approx(plan.expected_committed / plan.seconds / plan.base_rate)
+    assert plan.gain > 1.0
+    # eight requests fill the 8-row bucket: a 5% position would cost the 16-row GEMM, the empty plan wins
+    none = choose_draft_plan([[0.05] * 7] * 8, 8, 8, PADDED)
+    assert none.lengths == [0] * 8 and none.gain == pytest.approx(1.0)
+    assert none.seconds == pytest.approx(PADDED.seconds_at(8)) and none.expected_committed == 8

@@ -47,7 +47,8 @@ from services.decoder.spec.verify_budget import (
     BudgetProfile,
     CalibratedCosts,
     ConfidenceCalibration,
-    choose_draft_lengths,
+    DraftPlan,
+    choose_draft_plan,
 )
 
 
@@ -87,6 +88,10 @@ class Speculator:
         self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
         self.calibration = ConfidenceCalibration()  # the drafter's confidences vs measured survival
         self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
+        # the adaptive budget's choice for the coming step (None: no draft verified) and the
+        # drafter's measured seconds spent on it
+        self.plan: DraftPlan | None = None
+        self.plan_draft_s = 0.0
 
     @property
     def profile(self) -> BudgetProfile | None:
@@ -127,6 +132,7 @@ class Speculator:
         """Sets ``draft_ids`` of every running request that decodes next step."""
         drafting: list[Request] = []
         max_tokens: list[int] = []
+        self.plan = None
         for request in running:
             room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
             if request.num_pending_tokens == 1 and room > 0:
@@ -143,15 +149,19 @@ class Speculator:
         start = time.perf_counter()
         self.drafter.prepare([a.request_id for a in asks])  # the deferred context work, priced with the call
         drafts = self.drafter.propose_batch(asks)
+        draft_s = time.perf_counter() - start
         if self.draft_costs is not None:
             # the table prices one position per request: the modelled rest is taken off first
             extra_s = self.profile.draft_s_per_position * (sum(a.max_tokens for a in asks) - len(asks))
-            self.draft_costs.observe(len(asks), time.perf_counter() - start - extra_s)
+            self.draft_costs.observe(len(asks), draft_s - extra_s)
         self.num_drafter_calls += 1
         if self.profile is not None:
-            lengths = self._lengths(running, drafting, [self.calibration(d.confidences) if d.confidences
-                                                        else [self.estimate(r).rate] * len(d.tokens)
-                                                        for r, d in zip(drafting, drafts)])
+            plan = self._plan(running, drafting, [self.calibration(d.confidences) if d.confidences
+                                                  else [self.estimate(r).rate] * len(d.tokens)
+                                                  for r, d in zip(drafting, drafts)])
+            lengths = plan.lengths
+            if any(lengths):
+                self.plan, self.plan_draft_s = plan, draft_s
             for request, draft, length in zip(drafting, drafts, lengths):
                 if draft.tokens and length == 0:
                     self._idle(request)
@@ -172,8 +182,8 @@ class Speculator:
         (its heads run per position), and confidences may still cut the draft or use the
         headroom."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
-        predicted = self._lengths(running, drafting, [[self.estimate(r).rate] * n for r, n in zip(drafting, max_tokens)],
-                                  draft_s, self.MIN_GAIN, self.profile.draft_s_per_position)
+        predicted = self._plan(running, drafting, [[self.estimate(r).rate] * n for r, n in zip(drafting, max_tokens)],
+                               draft_s, self.MIN_GAIN, self.profile.draft_s_per_position).lengths
         for request, length in zip(drafting, predicted):
             if length == 0:
                 self._idle(request)
@@ -183,12 +193,12 @@ class Speculator:
             self.draft_costs.relax(self.COST_RELAX)
         return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + self.LENGTH_HEADROOM) for i in keep]
 
-    def _lengths(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
-                 draft_s_per_position: float = 0.0) -> list[int]:
-        return choose_draft_lengths(confidences, committed_base=len(running), tokens_base=len(running),
-                                    costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
-                                    draft_s_per_position=draft_s_per_position,
-                                    fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting])
+    def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
+              draft_s_per_position: float = 0.0) -> DraftPlan:
+        return choose_draft_plan(confidences, committed_base=len(running), tokens_base=len(running),
+                                 costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
+                                 draft_s_per_position=draft_s_per_position,
+                                 fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting])
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

@@ -285,10 +285,34 @@ def expected_committed(confidences: list[float]) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class DraftPlan:
+    """The verify budget's choice for one step and what it expects of it."""
+
+    lengths: list[int]  # draft tokens each request verifies
+    expected_committed: float  # tokens the step commits in expectation (bonus tokens included)
+    seconds: float  # what the step is priced at: target pass + fetches + the drafter's asks (+ its call)
+    base_rate: float  # committed tokens per second of the same step without any draft
+
+    @property
+    def gain(self) -> float:
+        """Expected committed tokens per second over ``base_rate``."""
+        return self.expected_committed / max(self.seconds, 1e-12) / max(self.base_rate, 1e-12)
+
+
 def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int,
                          costs: CostTable | CalibratedCosts,
                          fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
                          min_gain: float = 0.0, draft_s_per_position: float = 0.0) -> list[int]:
+    """``choose_draft_plan(...).lengths``."""
+    return choose_draft_plan(confidences, committed_base, tokens_base, costs, fetch_s_per_position, draft_s,
+                             min_gain, draft_s_per_position).lengths
+
+
+def choose_draft_plan(confidences: list[list[float]], committed_base: int, tokens_base: int,
+                      costs: CostTable | CalibratedCosts,
+                      fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
+                      min_gain: float = 0.0, draft_s_per_position: float = 0.0) -> DraftPlan:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -317,11 +341,11 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
             heapq.heappush(heap, (-conf[0] / price[r], r, 0))
     alive = [1.0] * len(confidences)
     lengths = [0] * len(confidences)
-    best_lengths = list(lengths)
     # position_s: the seconds the positions taken cost beyond the step (their fetches, the drafter's asks)
     expected, tokens, position_s = float(committed_base), tokens_base, 0.0
     step_s = costs.seconds_at(tokens)
     base_rate = best_rate = expected / max(step_s, 1e-12)
+    best = DraftPlan(list(lengths), expected, step_s, base_rate)
     drafting = 0  # requests with a position taken so far
     while heap:
         _, r, k = heapq.heappop(heap)
@@ -334,12 +358,13 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
         # a step with more tokens never costs less: a calibrated table can dip between anchors
         # measured at different times (a slow first decode step next to a fast prefill)
         step_s = max(step_s, costs.seconds_at(tokens))
-        rate = expected / max(step_s + position_s + draft_s, 1e-12)
+        seconds = step_s + position_s + draft_s
+        rate = expected / max(seconds, 1e-12)
         if rate > best_rate * (1 + 1e-9) and rate >= base_rate * (1 + min_gain * drafting):
-            best_rate, best_lengths = rate, list(lengths)
+            best_rate, best = rate, DraftPlan(list(lengths), expected, seconds, base_rate)
         if k + 1 < len(confidences[r]):
             heapq.heappush(heap, (-alive[r] * confidences[r][k + 1] / price[r], r, k + 1))
-    return best_lengths
+    return best
 
 
 def choose_draft_length(confidences: list[float], other_tokens: int, costs: CostTable,

@@ -1,0 +1,181 @@
+"""Per-step trace of speculative decoding: where a setting's time goes, and what the adaptive
+budget predicted for each step against what the step then took.
+
+For one prompt kind and concurrency, each setting (``none`` first, then e.g. ``dspark:1`` and
+``dspark:7:adaptive``) gets its own engine; the batch is decoded ``--repeats`` times per engine,
+interleaved across settings. Every engine step records: decoding requests, batch tokens, drafted
+and committed tokens, the target pass's measured seconds and the seconds the speculator's
+calibrated step table priced that many tokens at just before, the proposal's seconds (drafter
+call included) and the rest of the step (scheduling, bookkeeping, feature hand-off).
+
+Summary per setting: committed tokens per second of step time, the split of that time, the
+step table's error (measured / predicted, per batch-token count), and, for a setting that
+drafts, its realized gain per step over a non-drafting step with the same requests priced by
+the same table. Writes ``results/<date>-<machine>/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.machine import machine_info, results_dir, write_json
+from benchmarks.progress import echo
+from benchmarks.spec import SPARSE, build_prompts, parse_settings
+
+
+class StepTrace:
+    """Wraps one engine's ``step``, its runner's ``execute`` and its speculator's ``propose`` and
+    appends one dict per engine step to ``steps``."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.steps: list[dict] = []
+        self._current: dict = {}
+        runner, speculator = engine.runner, engine.speculator
+        step, execute = engine.step, runner.execute
+        propose = speculator.propose if speculator is not None else None
+
+        def traced_propose(running):
+            start = time.perf_counter()
+            calls = speculator.num_drafter_calls
+            propose(running)
+            self._current["propose_s"] = time.perf_counter() - start
+            self._current["drafter_ran"] = speculator.num_drafter_calls > calls
+            plan = speculator.plan
+            if plan is not None:
+                self._current.update(plan_committed=plan.expected_committed, plan_s=plan.seconds,
+                                     plan_gain=plan.gain, plan_draft_s=speculator.plan_draft_s)
+
+        def traced_execute(batch):
+            tokens = sum(s.num_query_tokens for s in batch)
+            costs = speculator.step_costs if speculator is not None else None
+            self._current.update(
+                tokens=tokens, num_decoding=sum(1 for s in batch if s.num_new_tokens == 1),
+                drafted=sum(len(s.draft) for s in batch),
+                predicted_exec_s=costs.seconds_at(tokens) if costs is not None else None,
+                predicted_plain_s=costs.seconds_at(len(batch)) if costs is not None else None)
+            start = time.perf_counter()
+            output = execute(batch)
+            self._current["exec_s"] = time.perf_counter() - start
+            self._current["committed"] = sum(len(t) for t in output.committed.values())
+            return output
+
+        def traced_step():
+            self._current = {"propose_s": 0.0, "drafter_ran": False}
+            start = time.perf_counter()
+            events = step()
+            if "exec_s" in self._current:
+                self._current["step_s"] = time.perf_counter() - start
+                self.steps.append(self._current)
+            return events
+
+        engine.step = traced_step
+        runner.execute = traced_execute
+        if speculator is not None:
+            speculator.propose = traced_propose
+
+
+def summarize(steps: list[dict]) -> dict:
+    """Totals and per-count means of ``StepTrace.steps`` (decode steps only: no prefill chunk)."""
+    decode = [s for s in steps if s["num_decoding"] and s["tokens"] == s["num_decoding"] + s["drafted"]]
+    total_s = sum(s["step_s"] for s in decode) or 1e-12
+    committed = sum(s["committed"] for s in decode)
+    out = {"decode_steps": len(decode), "committed": committed, "committed_per_s": committed / total_s,
+           "exec_share": sum(s["exec_s"] for s in decode) / total_s,
+           "propose_share": sum(s["propose_s"] for s in decode) / total_s,
+           "drafter_steps": sum(s["drafter_ran"] for s in decode),
+           "verify_steps": sum(1 for s in decode if s["drafted"])}
+    by_tokens = defaultdict(list)
+    for s in decode:
+        by_tokens[s["tokens"]].append(s)
+    out["by_tokens"] = {
+        n: {"steps": len(group), "exec_ms": 1e3 * statistics.median(s["exec_s"] for s in group),
+            "predicted_ms": (1e3 * statistics.median(s["predicted_exec_s"] for s in group)
+                             if group[0]["predicted_exec_s"] is not None else None),
+            "rest_ms": 1e3 * statistics.median(s["step_s"] - s["exec_s"] - s["propose_s"] for s in group),
+            "propose_ms": 1e3 * statistics.median(s["propose_s"] for s in group),
+            "committed": statistics.mean(s["committed"] for s in group)}
+        for n, group in sorted(by_tokens.items())}
+    # realized gain of a drafting step: its committed tokens per second of step time over a
+    # non-drafting step with the same requests (one token each), priced by the same table
+    gains = [(s["committed"] / s["step_s"]) / (s["num_decoding"] / (s["predicted_plain_s"] + s["step_s"]
+                                                                     - s["exec_s"] - s["propose_s"]))
+             for s in decode if s["drafted"] and s["predicted_plain_s"]]
+    out["drafting_step_gain"] = {"steps": len(gains), "median": statistics.median(gains) if gains else None,
+                                 "mean": statistics.mean(gains) if gains else None}
+    planned = [s for s in decode if "plan_gain" in s and s["drafted"]]
+    if planned:
+        # the adaptive budget's promise per verify step against what the step did (sums over steps)
+        out["plan"] = {"steps": len(planned),
+                       "expected_committed": sum(s["plan_committed"] for s in planned),
+                       "committed": sum(s["committed"] for s in planned),
+                       "predicted_exec_s": sum(s["plan_s"] for s in planned),
+                       "exec_s": sum(s["exec_s"] for s in planned),
+                       "draft_s": sum(s["plan_draft_s"] for s in planned),
+                       "mean_predicted_gain": statistics.mean(s["plan_gain"] for s in planned)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dhisparse import LLM, SamplingParams
+    from services.decoder.model.loader import load_model
+    from services.decoder.model.model_store import resolve_model_path
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.spec_trace", description=__doc__.split("\n")[0])
+    parser.add_argument("--kind", default="chat")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--settings", default="none,dspark:1,dspark:7:adaptive")
+    parser.add_argument("--attention", default="dense", choices=["dense", "sparse"])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--name", default="spec_trace")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    loaded = load_model(resolve_model_path(None))
+    prompts = build_prompts(loaded.tokenizer, args.kind, args.concurrency)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    runs = []
+    for spec, spec_tokens, budget in parse_settings(args.settings):
+        capacity = max(-(-sum(len(p) + args.max_tokens + 48 for p in prompts) // 16) * 16, 8192)
+        llm = LLM(loaded=loaded, spec=spec, spec_tokens=max(spec_tokens, 1), verify_budget=budget,
+                  max_num_batched_tokens=1024, kv_cache_tokens=capacity,
+                  max_model_len=min(capacity, loaded.config.max_position_embeddings),
+                  **(SPARSE if args.attention == "sparse" else {}))
+        llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))  # packs the GEMM buckets
+        runs.append((f"{spec}:{spec_tokens}:{budget}", llm, StepTrace(llm.engine), []))
+    for _ in range(args.repeats):
+        for name, llm, trace, walls in runs:
+            start = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            walls.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start))
+    rows = []
+    base = statistics.median(runs[0][3])
+    for name, llm, trace, walls in runs:
+        row = {"setting": name, "tokens_per_s": statistics.median(walls), "tokens_per_s_runs": walls,
+               "speedup_vs_none": statistics.median(walls) / base, **summarize(trace.steps)}
+        rows.append(row)
+        echo(f"{name:20s} {row['tokens_per_s']:6.1f} tok/s x{row['speedup_vs_none']:.2f}  "
+             f"committed/s {row['committed_per_s']:.1f}  exec {row['exec_share']:.0%} propose "
+             f"{row['propose_share']:.0%}  drafter steps {row['drafter_steps']}/{row['decode_steps']}  "
+             f"gain/step {row['drafting_step_gain']['median']}")
+        if "plan" in row:
+            p = row["plan"]
+            echo(f"   plan over {p['steps']} verify steps: committed {p['committed']} (expected "
+                 f"{p['expected_committed']:.1f}), exec {p['exec_s']:.2f} s (priced {p['predicted_exec_s']:.2f} s), "
+                 f"drafter {p['draft_s']:.2f} s, mean promised gain {p['mean_predicted_gain']:.3f}")
+        for n, g in row["by_tokens"].items():
+            predicted = f"{g['predicted_ms']:6.1f}" if g["predicted_ms"] is not None else "   n/a"
+            echo(f"   {n:3d} tokens x{g['steps']:4d}: exec {g['exec_ms']:6.1f} ms (table {predicted}) "
+                 f"propose {g['propose_ms']:5.1f} rest {g['rest_ms']:5.1f}  committed {g['committed']:.2f}")
+    out = (Path(args.out) if args.out else results_dir()) / f"{args.name}.json"
+    write_json(out, {"machine": machine_info(), "args": vars(args), "rows": rows})
+    echo(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
