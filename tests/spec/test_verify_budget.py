@@ -206,7 +206,10 @@ def test_adaptive_budget_is_lossless_and_profiles_the_engine(loaded_model):
     costs = profile.step_costs
     assert costs.counts[0] == 1 and len(costs.counts) >= 5 and min(costs.seconds) > 0
     assert profile.draft_costs.counts == (1, 4, 16) and min(profile.draft_costs.seconds) > 0
-    assert profile.draft_s_per_position >= 0.0
+    # what one more asked position costs, per request count: never negative; the n-gram drafter's
+    # lookups cost next to nothing per position
+    assert profile.draft_position_costs.counts == (1, 4, 16) and min(profile.draft_position_costs.seconds) >= 0.0
+    assert profile.draft_s_per_position(4) == profile.draft_position_costs.seconds[1] < 1e-3
     # fp32 weights run on MKL packs: the step table prices a count at the bucket the GEMM pads it to
     assert adaptive.engine.model.lm_head.packed_path == "mkl-fp32-packs"
     assert costs.pad_buckets == (8, 16, 32, 64) and costs.pad_from == 4

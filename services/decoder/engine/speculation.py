@@ -152,7 +152,7 @@ class Speculator:
         draft_s = time.perf_counter() - start
         if self.draft_costs is not None:
             # the table prices one position per request: the modelled rest is taken off first
-            extra_s = self.profile.draft_s_per_position * (sum(a.max_tokens for a in asks) - len(asks))
+            extra_s = self.profile.draft_s_per_position(len(asks)) * (sum(a.max_tokens for a in asks) - len(asks))
             self.draft_costs.observe(len(asks), draft_s - extra_s)
         self.num_drafter_calls += 1
         if self.profile is not None:
@@ -183,7 +183,7 @@ class Speculator:
         headroom."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
         predicted = self._plan(running, drafting, [[self.estimate(r).rate] * n for r, n in zip(drafting, max_tokens)],
-                               draft_s, self.MIN_GAIN, self.profile.draft_s_per_position).lengths
+                               draft_s, self.MIN_GAIN, self.profile.draft_s_per_position(len(drafting))).lengths
         for request, length in zip(drafting, predicted):
             if length == 0:
                 self._idle(request)

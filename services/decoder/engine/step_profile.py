@@ -25,9 +25,9 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
     """Prefills one synthetic request of ``context_tokens`` tokens, times a verify step of each
     size in ``PROFILE_TOKENS`` on it (median of ``repeats``), a drafter call for it repeated
     ``PROFILE_DRAFT_REQUESTS`` times asking one position each (one untimed call of each size
-    first, then each timed call right after a target step), the largest of them again asking
-    ``spec_tokens`` positions each (what one more asked position costs: a block drafter's heads
-    run per position) and, with a host tier, the fetch of its written-back pages; then
+    first, then each timed call right after a target step), each again asking ``spec_tokens``
+    positions per request (what one more asked position costs at that many requests: a block
+    drafter's heads run per position, and their padded GEMM rows make it no constant) and, with a host tier, the fetch of its written-back pages; then
     aborts it. Run on an idle engine with a drafter attached (at start-up)."""
     vocab = engine.model_config.vocab_size
     prompt = [(7919 * i) % vocab for i in range(1, context_tokens + 1)]
@@ -59,10 +59,9 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
                              before=lambda: engine.runner.execute([decode_step]))
 
         draft_seconds = [draft_s(n, 1) for n in PROFILE_DRAFT_REQUESTS]  # one position each
-        most = PROFILE_DRAFT_REQUESTS[-1]
-        extra_positions = most * (spec_tokens - 1)
-        s_per_position = (max(draft_s(most, spec_tokens) - draft_seconds[-1], 0.0) / extra_positions
-                          if extra_positions else 0.0)
+        # each position beyond the first, per request count: from a call asking spec_tokens each
+        s_per_position = [max(draft_s(n, spec_tokens) - one, 0.0) / (n * (spec_tokens - 1)) if spec_tokens > 1 else 0.0
+                          for n, one in zip(PROFILE_DRAFT_REQUESTS, draft_seconds)]
         fetch_s = 0.0
         tier = engine.host_tier
         if tier is not None and request.num_host_pages:
@@ -79,8 +78,8 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
     padded = engine.model.lm_head.packed_path == "mkl-fp32-packs"  # every projection takes the same path
     buckets = tuple(b for b in PACK_BUCKETS_ROWS if b <= counts[-1]) if padded else ()
     step_costs = CostTable(counts, tuple(_never_less_for_more(seconds)), buckets, MIN_PACKED_ROWS if buckets else 0)
-    return BudgetProfile(step_costs,
-                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s, s_per_position)
+    return BudgetProfile(step_costs, CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s,
+                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(s_per_position)))
 
 
 def _never_less_for_more(seconds: list[float]) -> list[float]:
