@@ -72,6 +72,7 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "sparse_quality": "benchmarks.sparse_quality.run",
     "spec": "benchmarks.spec",
     "spec_peer": "benchmarks.spec_peer",
+    "spec_trace": "benchmarks.spec_trace",
     "serve": "benchmarks.serve.run",
     "h200_projection": "benchmarks.h200_projection.run",
     "transfer": "benchmarks.transfer",
