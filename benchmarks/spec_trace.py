@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.progress import echo
-from benchmarks.spec import SPARSE, build_prompts, parse_settings
+from benchmarks.spec import SettingRun, build_prompts, parse_settings
 
 
 class StepTrace:
@@ -32,7 +32,6 @@ class StepTrace:
     appends one dict per engine step to ``steps``."""
 
     def __init__(self, engine):
-        self.engine = engine
         self.steps: list[dict] = []
         self._current: dict = {}
         runner, speculator = engine.runner, engine.speculator
@@ -47,8 +46,7 @@ class StepTrace:
             self._current["drafter_ran"] = speculator.num_drafter_calls > calls
             plan = speculator.plan
             if plan is not None:
-                self._current.update(plan_committed=plan.expected_committed, plan_s=plan.seconds,
-                                     plan_gain=plan.gain, plan_draft_s=speculator.plan_draft_s)
+                self._current.update(plan_committed=plan.expected_committed, plan_s=plan.seconds, plan_gain=plan.gain)
 
         def traced_execute(batch):
             tokens = sum(s.num_query_tokens for s in batch)
@@ -115,13 +113,12 @@ def summarize(steps: list[dict]) -> dict:
                        "committed": sum(s["committed"] for s in planned),
                        "predicted_exec_s": sum(s["plan_s"] for s in planned),
                        "exec_s": sum(s["exec_s"] for s in planned),
-                       "draft_s": sum(s["plan_draft_s"] for s in planned),
+                       "propose_s": sum(s["propose_s"] for s in planned),  # the drafter's call and the budget
                        "mean_predicted_gain": statistics.mean(s["plan_gain"] for s in planned)}
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dhisparse import LLM, SamplingParams
     from services.decoder.model.loader import load_model
     from services.decoder.model.model_store import resolve_model_path
 
@@ -137,26 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     loaded = load_model(resolve_model_path(None))
     prompts = build_prompts(loaded.tokenizer, args.kind, args.concurrency)
-    params = SamplingParams(max_tokens=args.max_tokens)
     runs = []
     for spec, spec_tokens, budget in parse_settings(args.settings):
-        capacity = max(-(-sum(len(p) + args.max_tokens + 48 for p in prompts) // 16) * 16, 8192)
-        llm = LLM(loaded=loaded, spec=spec, spec_tokens=max(spec_tokens, 1), verify_budget=budget,
-                  max_num_batched_tokens=1024, kv_cache_tokens=capacity,
-                  max_model_len=min(capacity, loaded.config.max_position_embeddings),
-                  **(SPARSE if args.attention == "sparse" else {}))
-        llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))  # packs the GEMM buckets
-        runs.append((f"{spec}:{spec_tokens}:{budget}", llm, StepTrace(llm.engine), []))
+        run = SettingRun(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1), budget, args.attention)
+        runs.append((f"{spec}:{spec_tokens}:{budget}", run, StepTrace(run.llm.engine)))  # traced after the warm-up
     for _ in range(args.repeats):
-        for name, llm, trace, walls in runs:
-            start = time.perf_counter()
-            outs = llm.generate(prompts, params)
-            walls.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start))
+        for _name, run, _trace in runs:
+            run.run()
     rows = []
-    base = statistics.median(runs[0][3])
-    for name, llm, trace, walls in runs:
-        row = {"setting": name, "tokens_per_s": statistics.median(walls), "tokens_per_s_runs": walls,
-               "speedup_vs_none": statistics.median(walls) / base, **summarize(trace.steps)}
+    base = runs[0][1].figures()["tokens_per_s"]
+    for name, run, trace in runs:
+        figures = run.figures()
+        row = {"setting": name, "tokens_per_s": figures["tokens_per_s"], "tokens_per_s_runs": figures["tokens_per_s_runs"],
+               "speedup_vs_none": figures["tokens_per_s"] / base, **summarize(trace.steps)}
+        run.close()
         rows.append(row)
         echo(f"{name:20s} {row['tokens_per_s']:6.1f} tok/s x{row['speedup_vs_none']:.2f}  "
              f"committed/s {row['committed_per_s']:.1f}  exec {row['exec_share']:.0%} propose "
@@ -166,12 +157,14 @@ def main(argv: list[str] | None = None) -> int:
             p = row["plan"]
             echo(f"   plan over {p['steps']} verify steps: committed {p['committed']} (expected "
                  f"{p['expected_committed']:.1f}), exec {p['exec_s']:.2f} s (priced {p['predicted_exec_s']:.2f} s), "
-                 f"drafter {p['draft_s']:.2f} s, mean promised gain {p['mean_predicted_gain']:.3f}")
+                 f"proposals {p['propose_s']:.2f} s, mean promised gain {p['mean_predicted_gain']:.3f}")
         for n, g in row["by_tokens"].items():
             predicted = f"{g['predicted_ms']:6.1f}" if g["predicted_ms"] is not None else "   n/a"
             echo(f"   {n:3d} tokens x{g['steps']:4d}: exec {g['exec_ms']:6.1f} ms (table {predicted}) "
                  f"propose {g['propose_ms']:5.1f} rest {g['rest_ms']:5.1f}  committed {g['committed']:.2f}")
-    out = (Path(args.out) if args.out else results_dir()) / f"{args.name}.json"
+    out_dir = Path(args.out) if args.out else results_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{args.name}.json"
     write_json(out, {"machine": machine_info(), "args": vars(args), "rows": rows})
     echo(f"wrote {out}")
     return 0

@@ -88,10 +88,7 @@ class Speculator:
         self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
         self.calibration = ConfidenceCalibration()  # the drafter's confidences vs measured survival
         self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
-        # the adaptive budget's choice for the coming step (None: no draft verified) and the
-        # drafter's measured seconds spent on it
-        self.plan: DraftPlan | None = None
-        self.plan_draft_s = 0.0
+        self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
 
     @property
     def profile(self) -> BudgetProfile | None:
@@ -161,7 +158,7 @@ class Speculator:
                                                   for r, d in zip(drafting, drafts)])
             lengths = plan.lengths
             if any(lengths):
-                self.plan, self.plan_draft_s = plan, draft_s
+                self.plan = plan
             for request, draft, length in zip(drafting, drafts, lengths):
                 if draft.tokens and length == 0:
                     self._idle(request)
