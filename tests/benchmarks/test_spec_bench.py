@@ -88,3 +88,37 @@ def test_adaptive_targets_compare_like_with_like():
         "dspark_adaptive_within_5pct_of_best_fixed": False,  # 75 < 0.95 * 80 at c=4
         "ngram_adaptive_never_below_none": False,  # no fixed ngram rows: nothing to compare with
     }
+
+
+def test_a_paired_speedup_is_the_median_of_per_repeat_ratios():
+    """Interleaved repeats: repeat i of each setting ran back to back, so the ratios pair up. A
+    machine that got 1.5x faster between the two repeats: paired ratios 1.05 and 1.05 -> 1.05;
+    the ratio of the medians mixes the drift into it."""
+    import pytest
+
+    base = {"tokens_per_s": 50.0, "tokens_per_s_runs": [40.0, 60.0]}
+    faster = {"tokens_per_s": 52.5, "tokens_per_s_runs": [42.0, 63.0]}
+    assert bench.speedup(faster, base, paired=True) == pytest.approx(1.05)
+    drifted = {"tokens_per_s": 55.0, "tokens_per_s_runs": [38.0, 72.0]}  # 0.95x, then 1.2x
+    assert bench.speedup(drifted, base, paired=True) == pytest.approx((0.95 + 1.2) / 2)
+    assert bench.speedup(drifted, base, paired=False) == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="differ in number"):
+        bench.speedup({"tokens_per_s_runs": [1.0]}, base, paired=True)
+
+
+def test_paired_adaptive_rows_compare_with_the_best_fixed_repeat_by_repeat():
+    """Best fixed: 1.10x of none. Adaptive's three repeats are 0.98, 0.967 and 0.757 of the fixed
+    one's, repeat by repeat (one bad repeat): median 0.967, within 5%. Unpaired, the median tok/s
+    (53 vs 60) pick different repeats and read 0.883: not within."""
+    import statistics
+
+    def row(spec, budget, runs, speedup, paired):
+        return {"spec": spec, "verify_budget": budget, "attention": "dense", "kind": "chat", "concurrency": 4,
+                "tokens_per_s": statistics.median(runs), "tokens_per_s_runs": runs, "speedup_vs_none": speedup,
+                "paired": paired}
+
+    for paired, within in ((True, True), (False, False)):
+        rows = [row("none", "fixed", [45.0, 55.0, 64.0], 1.0, paired),
+                row("dspark", "fixed", [50.0, 60.0, 70.0], 1.1, paired),
+                row("dspark", "adaptive", [49.0, 58.0, 53.0], 1.02, paired)]
+        assert bench.adaptive_targets(rows)["dspark_adaptive_within_5pct_of_best_fixed"] is within
