@@ -353,11 +353,11 @@ def test_a_draft_must_clear_the_minimum_gain():
     assert choose_draft_lengths([[0.9] * 7], 1, 1, flat, draft_s=0.0003, min_gain=0.05) == [7]
 
 
-def test_the_minimum_gain_grows_with_the_requests_that_draft():
+def test_the_minimum_gain_is_one_margin_per_step():
     """Four requests, a memory-bound step (verified tokens free), a free drafter: one position at
-    p per request adds p / 4 to the step's throughput each. With 2% per drafting request, p = 0.07
-    (all four: 7% < 8%) drafts nothing, where no margin drafts all; p = 0.1 (10% >= 8%) drafts all."""
+    p per request adds p / 4 to the step's throughput each. With a 2% margin, p = 0.07 drafts all
+    four (7% >= 2%); p = 0.01 (1% in all) drafts nothing, where no margin drafts all."""
     flat = CostTable((1, 64), (0.010, 0.010))
-    assert choose_draft_lengths([[0.07]] * 4, 4, 4, flat, min_gain=0.02) == [0] * 4
-    assert choose_draft_lengths([[0.07]] * 4, 4, 4, flat) == [1] * 4
-    assert choose_draft_lengths([[0.1]] * 4, 4, 4, flat, min_gain=0.02) == [1] * 4
+    assert choose_draft_lengths([[0.07]] * 4, 4, 4, flat, min_gain=0.02) == [1] * 4
+    assert choose_draft_lengths([[0.01]] * 4, 4, 4, flat, min_gain=0.02) == [0] * 4
+    assert choose_draft_lengths([[0.01]] * 4, 4, 4, flat) == [1] * 4

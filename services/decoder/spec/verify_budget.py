@@ -333,9 +333,8 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     speculation, is always a candidate). ``draft_s``: seconds charged once if any position is
     taken (the drafter's own forward, when it has not run yet), and ``draft_s_per_position`` for
     each position taken (what asking the drafter for one more position costs). ``min_gain``: drafts must
-    promise at least this fraction more tokens per second than none, per drafting request (a
-    margin for what the model leaves out and grows with the requests that draft: verification
-    bookkeeping, and the noise of the estimates that picked them)."""
+    promise at least this fraction more tokens per second than none (a margin for the noise of
+    the estimates that picked them, and what the model leaves out)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
     # + asking the drafter for it
@@ -352,21 +351,19 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     step_s = costs.seconds_at(tokens)
     base_rate = best_rate = expected / max(step_s, 1e-12)
     best = DraftPlan(list(lengths), expected, step_s, base_rate)
-    drafting = 0  # requests with a position taken so far
     while heap:
         _, r, k = heapq.heappop(heap)
         alive[r] *= confidences[r][k]
         expected += alive[r]
         tokens += 1
         position_s += fetch[r] + draft_s_per_position
-        drafting += k == 0
         lengths[r] = k + 1
         # a step with more tokens never costs less: a calibrated table can dip between anchors
         # measured at different times (a slow first decode step next to a fast prefill)
         step_s = max(step_s, costs.seconds_at(tokens))
         seconds = step_s + position_s + draft_s
         rate = expected / max(seconds, 1e-12)
-        if rate > best_rate * (1 + 1e-9) and rate >= base_rate * (1 + min_gain * drafting):
+        if rate > best_rate * (1 + 1e-9) and rate >= base_rate * (1 + min_gain):
             best_rate, best = rate, DraftPlan(list(lengths), expected, seconds, base_rate)
         if k + 1 < len(confidences[r]):
             heapq.heappush(heap, (-alive[r] * confidences[r][k + 1] / price[r], r, k + 1))
