@@ -71,3 +71,76 @@ def test_the_plan_states_what_it_expects_and_what_it_is_priced_at():
     none = choose_draft_plan([[0.05] * 7] * 8, 8, 8, PADDED)
     assert none.lengths == [0] * 8 and none.gain == pytest.approx(1.0)
     assert none.seconds == pytest.approx(PADDED.seconds_at(8)) and none.expected_committed == 8
+
+
+
+def _decoding_request():
+    """A request with one pending token (it decodes next) and room for a draft."""
+    from services.decoder.engine.request import Request
+    from services.decoder.engine.sampling_params import SamplingParams
+    from services.decoder.engine.stop_checker import StopChecker
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return ""
+
+    params = SamplingParams(max_tokens=64)
+    request = Request("r", [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
+    request.num_computed_tokens = 2
+    return request
+
+
+def _drafter(prepare_s: float = 0.0, prior: float = 0.9, confidences: bool = False):
+    import time
+
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    class Fixed(Drafter):
+        name = "fixed"
+        prior_acceptance = prior
+        has_confidences = confidences
+
+        def prepare(self, request_ids):
+            time.sleep(prepare_s)
+
+        def propose_batch(self, requests):
+            return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens if confidences else None) for r in requests]
+
+    return Fixed()
+
+
+# 10 ms per step at any size, a 1 ms drafter call
+FLAT_PROFILE = (CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.001, 0.001)))
+
+
+def test_the_drafters_deferred_context_work_is_not_priced_as_its_call():
+    """A drafter whose ``prepare`` (a backlog of observed positions) takes 50 ms and whose call
+    takes none: the call's cost correction moves down (halved: the most one measurement moves it),
+    not up to 2x, which priced every idle stretch's backlog into the next call and kept the
+    drafter off ever longer."""
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.spec.verify_budget import BudgetProfile
+
+    request = _decoding_request()
+    speculator = Speculator(_drafter(prepare_s=0.05), spec_tokens=4)
+    speculator.profile = BudgetProfile(*FLAT_PROFILE)
+    speculator.propose([request])
+    assert speculator.num_drafter_calls == 1 and request.draft_ids
+    assert speculator.draft_costs.ratio_at(1) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("confidences", [True, False])
+def test_the_gate_reads_the_pooled_estimate_when_drafts_carry_confidences(confidences):
+    """Pooled survival 0.6, the request's own 0.01 (10% of a 10 ms step: the 1 ms call needs 0.1
+    or so). With confidences the gate reads the pooled estimate and the drafter runs (its
+    confidences then judge this request's draft); without, the request's own estimate keeps it off."""
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.spec.verify_budget import AcceptanceEstimate, BudgetProfile
+
+    request = _decoding_request()
+    speculator = Speculator(_drafter(prior=0.6, confidences=confidences), spec_tokens=4)
+    speculator.profile = BudgetProfile(*FLAT_PROFILE)
+    request.acceptance = AcceptanceEstimate(prior=0.6, rate=0.01)
+    speculator.propose([request])
+    assert speculator.num_drafter_calls == (1 if confidences else 0)
+    assert bool(request.draft_ids) is confidences

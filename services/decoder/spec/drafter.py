@@ -44,6 +44,8 @@ class Drafter(ABC):
     # per-position survival the adaptive budget assumes before it has measured any draft: a
     # guess here; a trained drafter replaces it with its measured held-out acceptance
     prior_acceptance: float = 0.7
+    # whether its drafts carry per-position survival confidences (``Draft.confidences``)
+    has_confidences: bool = False
 
     @abstractmethod
     def propose_batch(self, requests: list[DraftRequest]) -> list[Draft]:
@@ -60,9 +62,9 @@ class Drafter(ABC):
 
     def prepare(self, request_ids: list[str]) -> None:
         """Brings the requests' draft context up to date with what they observed (a drafter that
-        defers that work until it drafts). The engine calls it just before ``propose_batch``,
-        timing both as the call's cost; the start-up profile calls it before timing, so that a
-        long idle stretch's backlog is not priced as a proposal."""
+        defers that work until it drafts). The engine calls it just before ``propose_batch`` and
+        prices the call without it (the backlog is owed whether this step drafts or a later one
+        does); the start-up profile calls it before timing, for the same reason."""
 
     def release(self, request_id: str) -> None:
         """Forgets a finished or aborted request."""

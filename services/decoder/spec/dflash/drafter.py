@@ -58,6 +58,7 @@ class DFlashDrafter(Drafter):
         pack_linears(net, gemm_dtype)  # a block's rows through the packed GEMM (served, not trained, here)
         self.cfg = net.cfg
         self.name = net.cfg.kind
+        self.has_confidences = net.confidence_head is not None  # DSpark
         self.embed = embed
         self.vocab = vocab
         self.lm_head = lm_head if vocab is None else lm_head[vocab].contiguous()
