@@ -122,3 +122,20 @@ def test_paired_adaptive_rows_compare_with_the_best_fixed_repeat_by_repeat():
                 row("dspark", "fixed", [50.0, 60.0, 70.0], 1.1, paired),
                 row("dspark", "adaptive", [49.0, 58.0, 53.0], 1.02, paired)]
         assert bench.adaptive_targets(rows)["dspark_adaptive_within_5pct_of_best_fixed"] is within
+
+
+def test_block8_acceptance_reads_fixed_rows_and_net_speedup_any_row():
+    """dspark on chat at c=1: fixed k=7 accepts 2.1 per verify at 0.9x; adaptive (drafts cut,
+    1.6 per verify) runs 1.1x. Block-8 acceptance is the fixed row's (pass), the net speedup
+    the best of both (pass); a run with only the adaptive row has no block-8 figure at all."""
+    def row(budget, acc, speedup):
+        return {"spec": "dspark", "verify_budget": budget, "spec_tokens": 7, "attention": "dense", "kind": "chat",
+                "concurrency": 1, "tokens_per_s": 30.0 * speedup, "speedup_vs_none": speedup,
+                "mean_acceptance_length": acc, "lossless": True}
+
+    none = {**row("fixed", 0.0, 1.0), "spec": "none", "spec_tokens": 0}
+    got = bench.spec_targets([none, row("fixed", 2.1, 0.9), row("adaptive", 1.6, 1.1)])
+    assert got["dspark_acceptance_length_chat_block8>=2.0"] is True
+    assert got["dspark_net_speedup_chat_c1"] is True and got["all_lossless"] is True
+    got = bench.spec_targets([none, row("adaptive", 1.6, 1.1)])
+    assert "dspark_acceptance_length_chat_block8>=2.0" not in got and got["dspark_net_speedup_chat_c1"] is True
