@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.machine import results_dir
-from benchmarks.spec import speedup
+from benchmarks.spec import versus_best_fixed
 from services.decoder.spec.drafter import LEARNED_DRAFTERS
 
 Row = tuple[str, str, float | None, float | None, float | None, str, bool | None]  # name, unit, ours, base, ratio, target, pass
@@ -109,17 +109,11 @@ def _break_even(r: dict, where: str) -> Iterator[Row]:
 def _adaptive_vs_best_fixed(rows: list[dict]) -> Iterator[Row]:
     """Each adaptive row against the best fixed draft length of the same drafter, kind and
     concurrency in the same run (when the run has fixed lengths)."""
-    def key(r: dict) -> tuple:
-        return r["spec"], r["kind"], r["concurrency"], r.get("attention", "dense")
-
     for r in rows:
-        if r.get("verify_budget") != "adaptive":
+        versus = versus_best_fixed(r, rows) if r.get("verify_budget") == "adaptive" else None
+        if versus is None:
             continue
-        fixed = [f for f in rows if key(f) == key(r) and f.get("verify_budget", "fixed") == "fixed"]
-        if not fixed:
-            continue
-        best = max(fixed, key=lambda f: f["speedup_vs_none"])
-        ratio = speedup(r, best, r.get("paired", False) and best.get("paired", False))
+        best, ratio = versus
         yield (f"{r['spec']} adaptive vs best fixed (k={best['spec_tokens']}), {r['kind']} c={r['concurrency']}",
                "tok/s", r["tokens_per_s"], best["tokens_per_s"], ratio, ">= 0.95", ratio >= 0.95)
 

@@ -298,6 +298,20 @@ def speedup(figures: dict, base: dict, paired: bool) -> float:
     return figures["tokens_per_s"] / base["tokens_per_s"]
 
 
+def versus_best_fixed(row: dict, rows: list[dict]) -> tuple[dict, float] | None:
+    """The fixed-length row of ``row``'s drafter, attention, kind and concurrency with the best
+    speedup, and ``row``'s speedup over it (paired when both are, see ``speedup``); None when
+    ``rows`` has no such fixed row."""
+    def key(r: dict) -> tuple:
+        return r["spec"], r.get("attention", "dense"), r["kind"], r["concurrency"]
+
+    fixed = [f for f in rows if key(f) == key(row) and f.get("verify_budget", "fixed") == "fixed"]
+    if not fixed:
+        return None
+    best = max(fixed, key=lambda f: f["speedup_vs_none"])
+    return best, speedup(row, best, row.get("paired", False) and best.get("paired", False))
+
+
 def adaptive_targets(rows: list[dict]) -> dict[str, bool]:
     """Per drafter with adaptive rows: never below no speculation (every adaptive row's speedup
     >= 1), and within 5% of the best fixed length of the same drafter at the same attention,
@@ -307,13 +321,8 @@ def adaptive_targets(rows: list[dict]) -> dict[str, bool]:
     for drafter in sorted({r["spec"] for r in rows if r["verify_budget"] == "adaptive"}):
         adaptive = [r for r in rows if r["spec"] == drafter and r["verify_budget"] == "adaptive"]
         targets[f"{drafter}_adaptive_never_below_none"] = min(r["speedup_vs_none"] for r in adaptive) >= 1.0
-        within = []
-        for r in adaptive:
-            fixed = [f for f in rows if f["spec"] == drafter and f["verify_budget"] == "fixed"
-                     and (f["attention"], f["kind"], f["concurrency"]) == (r["attention"], r["kind"], r["concurrency"])]
-            if fixed:
-                best = max(fixed, key=lambda f: f["speedup_vs_none"])
-                within.append(speedup(r, best, r.get("paired", False) and best.get("paired", False)) >= 0.95)
+        versus = [versus_best_fixed(r, rows) for r in adaptive]
+        within = [ratio >= 0.95 for _best, ratio in filter(None, versus)]
         if within:
             targets[f"{drafter}_adaptive_within_5pct_of_best_fixed"] = all(within)
     return targets

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.progress import echo
-from benchmarks.spec import SettingRun, build_prompts, parse_settings
+from benchmarks.spec import SettingRun, build_prompts, parse_settings, speedup
 
 
 class StepTrace:
@@ -142,11 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         for _name, run, _trace in runs:
             run.run()
     rows = []
-    base = runs[0][1].figures()["tokens_per_s"]
+    base = runs[0][1].figures()
     for name, run, trace in runs:
         figures = run.figures()
         row = {"setting": name, "tokens_per_s": figures["tokens_per_s"], "tokens_per_s_runs": figures["tokens_per_s_runs"],
-               "speedup_vs_none": figures["tokens_per_s"] / base, **summarize(trace.steps)}
+               "speedup_vs_none": speedup(figures, base, paired=True), **summarize(trace.steps)}  # repeats interleaved
         run.close()
         rows.append(row)
         echo(f"{name:20s} {row['tokens_per_s']:6.1f} tok/s x{row['speedup_vs_none']:.2f}  "
