@@ -5,7 +5,7 @@ For one prompt kind and concurrency, each setting (``none`` first, then e.g. ``d
 ``dspark:7:adaptive``) gets its own engine; the batch is decoded ``--repeats`` times per engine,
 interleaved across settings. Every engine step records: decoding requests, batch tokens, drafted
 and committed tokens, the target pass's measured seconds and the seconds the speculator's
-calibrated step table priced that many tokens at just before, the proposal's seconds (drafter
+speculator priced that step at just before (step table + attention per key row), the proposal's seconds (drafter
 call included) and the rest of the step (scheduling, bookkeeping, feature hand-off).
 
 Summary per setting: committed tokens per second of step time, the split of that time, the
@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.progress import echo
 from benchmarks.spec import SettingRun, build_prompts, parse_settings, speedup
+from services.decoder.engine.scheduler import ScheduledRequest
 
 
 class StepTrace:
@@ -50,12 +51,12 @@ class StepTrace:
 
         def traced_execute(batch):
             tokens = sum(s.num_query_tokens for s in batch)
-            costs = speculator.step_costs if speculator is not None else None
+            plain = [ScheduledRequest(s.request, s.num_new_tokens) for s in batch]  # the same step without drafts
+            price = speculator.priced_step_s if speculator is not None else lambda _: None
             self._current.update(
                 tokens=tokens, num_decoding=sum(1 for s in batch if s.num_new_tokens == 1),
                 drafted=sum(len(s.draft) for s in batch),
-                predicted_exec_s=costs.seconds_at(tokens) if costs is not None else None,
-                predicted_plain_s=costs.seconds_at(len(batch)) if costs is not None else None)
+                predicted_exec_s=price(batch), predicted_plain_s=price(plain))
             start = time.perf_counter()
             output = execute(batch)
             self._current["exec_s"] = time.perf_counter() - start

@@ -126,7 +126,7 @@ class Engine:
     def attach_drafter(self, drafter: Drafter | None, spec_tokens: int) -> None:
         """Installs (or with None removes) the drafter, and has the runner capture the target
         layers it conditions on. Drafter training's feature recorder attaches itself this way."""
-        self.speculator = None if drafter is None else Speculator(drafter, spec_tokens)
+        self.speculator = None if drafter is None else Speculator(drafter, spec_tokens, self.runner.query_key_rows)
         self.runner.capture_layers = () if drafter is None else drafter.feature_layers
 
     # ---- requests -------------------------------------------------------------------------
@@ -267,7 +267,8 @@ class Engine:
                 sched.request.stats.num_prefill_tokens += sched.num_new_tokens
         output = self.runner.execute(batch)
         if self.speculator is not None:
-            self.speculator.observe_step(sum(s.num_query_tokens for s in batch), time.perf_counter() - now)
+            self.speculator.observe_step(sum(s.num_query_tokens for s in batch), time.perf_counter() - now,
+                                         output.attention)
         committed = output.committed
         events: list[TokenEvent] = []
         observed: list[tuple[Request, int]] = []  # (request, first position committed this step)

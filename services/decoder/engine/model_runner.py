@@ -22,7 +22,9 @@ from services.decoder.kv.host_tier import HostTier
 from services.decoder.kv.hot_pool import HotPool
 from services.decoder.kv.sparse_step import SelectionObserver, SparseStep
 from services.decoder.model.attention import (
+    DIGEST_ROWS_PER_PAGE,
     AttentionMetadata,
+    AttentionWork,
     PagedAttention,
     PageListTokens,
     SparseParams,
@@ -40,6 +42,7 @@ class StepOutput:
     # first row in it (its rows are consecutive, in position order)
     features: torch.Tensor | None = None
     first_row: dict[str, int] = field(default_factory=dict)
+    attention: AttentionWork = field(default_factory=AttentionWork)  # the step's decode / verify attention
 
 
 class ModelRunner:
@@ -83,9 +86,30 @@ class ModelRunner:
     def _within_budget(self, sched: ScheduledRequest) -> bool:
         """True when a sparse selection would hold every page of the request at each of its query
         tokens: then dense attention is that selection, computed with no selection overhead."""
-        params = self.sparse
         last_pos = sched.request.num_computed_tokens + sched.num_query_tokens - 1
-        return last_pos // self.page_size + 1 <= params.sink_pages + params.top_k_pages + params.recent_pages
+        return last_pos // self.page_size + 1 <= self._selection_pages
+
+    @property
+    def _selection_pages(self) -> int:
+        params = self.sparse
+        return params.sink_pages + params.top_k_pages + params.recent_pages
+
+    def _selects(self, sched: ScheduledRequest) -> bool:
+        """Whether the request's decode / verify tokens attend over their own selections (page-list
+        tokens): every SPARSE request, and a FULL one beyond the selection budget."""
+        return self.sparse is not None and not (sched.request.mode is Residency.FULL and self._within_budget(sched))
+
+    def query_key_rows(self, request: Request) -> tuple[str, int]:
+        """What one decode / verify query token of ``request`` attends next step, summed over
+        layers as ``AttentionWork`` counts it: ``("page_list", selected rows + digest rows)`` or
+        ``("dense", context rows)``."""
+        context_len = request.num_computed_tokens + 1
+        num_layers = self.pool.num_layers
+        if not self._selects(ScheduledRequest(request, 1, [])):
+            return "dense", num_layers * context_len
+        num_pages = -(-context_len // self.page_size)
+        per_layer = min(num_pages, self._selection_pages) * self.page_size + DIGEST_ROWS_PER_PAGE * num_pages
+        return "page_list", num_layers * per_layer
 
     def _recomputes_output(self, sched: ScheduledRequest) -> bool:
         return self.sparse is not None and sched.request.num_computed_tokens >= len(sched.request.prompt_ids)
@@ -101,13 +125,9 @@ class ModelRunner:
         chunks = [s for s in batch if s.num_new_tokens > 1 and not self._recomputes_output(s)]
         selecting: list[ScheduledRequest] = []
         if self.sparse is not None:
-            # SPARSE requests always select (their pages are not all hot); FULL ones beyond budget
-            def dense(s: ScheduledRequest) -> bool:
-                return s.request.mode is Residency.FULL and self._within_budget(s)
-
-            selecting = [s for s in singles + blocks if not dense(s)]
-            singles = [s for s in singles if dense(s)]
-            blocks = [s for s in blocks if dense(s)]
+            selecting = [s for s in singles + blocks if self._selects(s)]
+            singles = [s for s in singles if not self._selects(s)]
+            blocks = [s for s in blocks if not self._selects(s)]
         blocks.sort(key=lambda s: s.num_query_tokens)  # equal-length blocks side by side: one group each length
         ordered = singles + blocks + selecting + chunks
         input_ids: list[int] = []
@@ -146,7 +166,8 @@ class ModelRunner:
             pos = add_tokens(sched)
             request = sched.request
             host = [self.host_tier.host_pages[request.request_id]] if request.mode is Residency.SPARSE else None
-            groups.append(build_group(token_start, [pos], [request.slots], [pos[-1] + 1], page_size, host))
+            groups.append(build_group(token_start, [pos], [request.slots], [pos[-1] + 1], page_size, host,
+                                      is_prefill=True))
         meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.int64),
             write_rows=torch.tensor(write_rows, dtype=torch.int64),
@@ -197,12 +218,13 @@ class ModelRunner:
         the captured features. Does not mutate request bookkeeping."""
         self.ensure_digest_rows(batch)
         input_ids, meta, ordered = self.build_inputs(batch)
+        out = StepOutput()
+        self.attention.work = out.attention
         device = self.model.device
         if device.type != "cpu":  # built on the host, moved once
             input_ids, meta = input_ids.to(device, non_blocking=True), meta.to(device)
         logit_rows: list[int] = []
         samplers: list[ScheduledRequest] = []
-        out = StepOutput()
         offset = 0
         for sched in ordered:
             out.first_row[sched.request.request_id] = offset
@@ -218,6 +240,7 @@ class ModelRunner:
             logits, out.features = logits
         if meta.page_list is not None and meta.page_list.sparse is not None:
             step = meta.page_list.sparse
+            out.attention.fetch_s = step.fetch_s
             for request, hits, misses in zip(step.owners, step.hits, step.misses):
                 request.stats.num_buffer_hits += hits
                 request.stats.num_buffer_misses += misses

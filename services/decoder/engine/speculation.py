@@ -29,12 +29,16 @@ that conditions on the target gets the committed positions' features (never reje
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
 from services.decoder.config import DecoderConfig
 from services.decoder.engine.request import Request, Residency
+from services.decoder.engine.scheduler import ScheduledRequest
+from services.decoder.model.attention import AttentionWork
 from services.decoder.model.llama import LlamaModel
+from services.decoder.spec.attention_costs import AttentionCosts
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import (
     LEARNED_DRAFTERS,
@@ -79,9 +83,14 @@ class Speculator:
     MIN_GAIN = 0.02
     COST_RELAX = 0.02  # of the drafter's cost correction undone per skipped step (see CalibratedCosts.relax)
 
-    def __init__(self, drafter: Drafter, spec_tokens: int):
+    def __init__(self, drafter: Drafter, spec_tokens: int,
+                 query_key_rows: Callable[[Request], tuple[str, int]] | None = None):
+        """``query_key_rows``: what one query token of a request attends next step (path, key
+        rows; ``ModelRunner.query_key_rows``); None: attention is priced inside the step table."""
         self.drafter = drafter
         self.spec_tokens = spec_tokens
+        self.query_key_rows = query_key_rows
+        self.attention_costs: AttentionCosts | None = None
         self.acceptance = AcceptanceEstimate(prior=drafter.prior_acceptance, weight=self.POOLED_WEIGHT)
         self._profile: BudgetProfile | None = None
         self.step_costs: CalibratedCosts | None = None
@@ -102,11 +111,35 @@ class Speculator:
         self._profile = profile
         self.step_costs = None if profile is None else CalibratedCosts(profile.step_costs)
         self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs)
+        self.attention_costs = None
+        if profile is not None and self.query_key_rows is not None and profile.dense_attend_s_per_row is not None:
+            self.attention_costs = AttentionCosts(profile.dense_attend_s_per_row)
 
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """The target pass of a step: ``num_tokens`` batch tokens took ``seconds``."""
-        if self.step_costs is not None:
-            self.step_costs.observe(num_tokens, seconds)
+    def observe_step(self, num_tokens: int, seconds: float, attention: AttentionWork | None = None) -> None:
+        """The target pass of a step: ``num_tokens`` batch tokens took ``seconds``, of which
+        ``attention`` (decode / verify attention, host fetches included) is priced per key row
+        and the rest by the step table."""
+        if self.step_costs is None:
+            return
+        if self.attention_costs is not None and attention is not None:
+            self.attention_costs.observe(attention)
+            seconds -= attention.seconds
+        self.step_costs.observe(num_tokens, seconds)
+
+    def attend_s_per_position(self, request: Request) -> float:
+        """The attention of one more query token of ``request`` next step (0 when the table holds it)."""
+        if self.attention_costs is None:
+            return 0.0
+        return self.attention_costs.seconds(*self.query_key_rows(request))
+
+    def priced_step_s(self, batch: list[ScheduledRequest]) -> float | None:
+        """What the budget prices ``batch``'s target pass at (table + decode / verify attention;
+        prefill chunks' attention is in the table); None without a profile."""
+        if self.step_costs is None:
+            return None
+        tokens = sum(s.num_query_tokens for s in batch)
+        return self.step_costs.seconds_at(tokens) + sum(
+            s.num_query_tokens * self.attend_s_per_position(s.request) for s in batch if s.num_new_tokens == 1)
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """A verified draft: updates the request's estimate, the pooled one and, for a drafter
@@ -208,10 +241,13 @@ class Speculator:
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
+        attend = {r.request_id: self.attend_s_per_position(r) for r in running}
         return choose_draft_plan(confidences, committed_base=len(running), tokens_base=len(running),
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,
-                                 fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting])
+                                 fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
+                                 attend_s_per_position=[attend[r.request_id] for r in drafting],
+                                 attend_s_base=sum(attend[r.request_id] for r in running if r.num_pending_tokens == 1))
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

@@ -1,6 +1,7 @@
 """Start-up profile for the adaptive verify budget, measured on this engine: step seconds vs batch
-tokens, the drafter's seconds vs the requests it drafts for in one call, and the seconds one host
-page costs to fetch into the hot pool (per layer)."""
+tokens (attention taken out), dense attention's seconds per key row, the drafter's seconds vs the
+requests it drafts for in one call, and the seconds one host page costs to fetch into the hot
+pool (per layer)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 from services.decoder.engine.sampling_params import SamplingParams
 from services.decoder.engine.scheduler import ScheduledRequest
+from services.decoder.model.attention import AttentionWork
 from services.decoder.model.linear import MIN_PACKED_ROWS, PACK_BUCKETS_ROWS
 from services.decoder.spec.drafter import DraftRequest
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
@@ -38,11 +40,12 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
         while request.num_computed_tokens < len(prompt):
             engine.step()
         seconds = []
+        attention = AttentionWork()  # the profile steps' decode / verify attention, summed
         for num_tokens in PROFILE_TOKENS:
             if not engine.controller.grow(request, request.num_computed_tokens + num_tokens):
                 break
             sched = ScheduledRequest(request, 1, [prompt[0]] * (num_tokens - 1))
-            seconds.append(_median_s(lambda sched=sched: engine.runner.execute([sched]), repeats))
+            seconds.append(_median_step_s(engine, sched, repeats, attention))
         drafter = engine.speculator.drafter
         drafter.prepare([rid])
         asks = {n: [DraftRequest(rid, prompt, engine.speculator.spec_tokens)] * n for n in PACK_WARMUP_REQUESTS}
@@ -78,8 +81,23 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
     padded = engine.model.lm_head.packed_path == "mkl-fp32-packs"  # every projection takes the same path
     buckets = tuple(b for b in PACK_BUCKETS_ROWS if b <= counts[-1]) if padded else ()
     step_costs = CostTable(counts, tuple(_never_less_for_more(seconds)), buckets, MIN_PACKED_ROWS if buckets else 0)
+    dense_s_per_row = attention.dense_s / attention.dense_rows if attention.dense_rows else None
     return BudgetProfile(step_costs, CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s,
-                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(s_per_position)))
+                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(s_per_position)), dense_s_per_row)
+
+
+def _median_step_s(engine, sched: ScheduledRequest, repeats: int, attention: AttentionWork) -> float:
+    """Median seconds of the target pass over ``sched`` without its decode / verify attention
+    (priced per key row apart: ``spec/attention_costs.py``); adds that attention's seconds and
+    rows to ``attention``."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work = engine.runner.execute([sched]).attention
+        times.append(time.perf_counter() - start - work.seconds)
+        attention.dense_s += work.dense_s
+        attention.dense_rows += work.dense_rows
+    return statistics.median(times)
 
 
 def _never_less_for_more(seconds: list[float]) -> list[float]:

@@ -4,6 +4,7 @@ the host tier before attention reads them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -44,6 +45,7 @@ class SparseStep:
         self.pool = pool
         self.host_layer = host_layer
         self.num_fetched_pages = 0
+        self.fetch_s = 0.0  # spent copying misses host -> hot, over layers
         self.hits = [0] * len(buffers)  # per request: buffered working pages found hot, over layers
         self.misses = [0] * len(buffers)  # per request: pages copied in from the host, over layers
 
@@ -93,9 +95,11 @@ class SparseStep:
             b_idx = torch.arange(len(self.buffers))[:, None].expand_as(plan.miss_pages)[missing]
             host_ids = self.host_tables[b_idx, plan.miss_pages[missing].long()]
             dst = plan.miss_slots[missing].long()
+            start = time.perf_counter()
             host_k, host_v = self.host_layer(layer)
             gather_pages(host_k, self.pool.k[layer], host_ids, dst, check_indices=False)
             gather_pages(host_v, self.pool.v[layer], host_ids, dst, check_indices=False)
+            self.fetch_s += time.perf_counter() - start
             self.num_fetched_pages += int(missing.sum())
         for b, buf in enumerate(self.buffers):
             width = min(max_pages, buf.slot_of_page.shape[1])

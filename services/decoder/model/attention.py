@@ -9,6 +9,7 @@ a prefill chunk is its own group.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ class AttentionGroup:
     # pages not hot (a SPARSE request's prefill): (flat key rows [n * page_size] into
     # [num_reqs * max_context_len], host page ids [n]) read from the host tier instead
     host_read: tuple[torch.Tensor, torch.Tensor] | None = None
+    is_prefill: bool = False  # a prefill chunk: not part of ``AttentionWork`` (decode / verify only)
+    key_rows: int = 0  # sum over query tokens of their request's context length (``AttentionWork``)
 
     @property
     def token_end(self) -> int:
@@ -43,7 +46,8 @@ class AttentionGroup:
             raise ValueError("host page reads (SPARSE prefill) run on CPU tensors only")
         mask = None if self.attn_mask is None else self.attn_mask.to(device, non_blocking=True)
         return AttentionGroup(self.token_start, self.num_reqs, self.num_query_tokens,
-                              self.read_rows.to(device, non_blocking=True), mask)
+                              self.read_rows.to(device, non_blocking=True), mask, is_prefill=self.is_prefill,
+                              key_rows=self.key_rows)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,35 @@ class PageListTokens:
     page_tables: torch.Tensor  # [num_list_reqs, max_pages] int64 hot slot of each logical page, -1 = not hot
     digest_rows: torch.Tensor  # [num_list_reqs, max_pages] int64 digest row of each logical page, -1 padded
     sparse: SparseStep | None = None  # SPARSE requests among the rows: buffers resolved per layer
+
+
+# scoring one page reads its min and max digests, each the size of one key row
+DIGEST_ROWS_PER_PAGE = 2
+
+
+@dataclass
+class AttentionWork:
+    """What one step's decode / verify attention did, summed over layers (CPU only: on another
+    device the work is launched, not done, when the host clock reads it, so nothing is counted).
+
+    ``dense_*``: dense groups of decode and verify tokens (prefill chunks are not counted), one
+    key row per query token per position of its request's context (a group's padding to its
+    longest context is not counted: the budget prices each request's own rows).
+    ``page_list_*``: sparse tokens, each token's selected pages x page size plus
+    ``DIGEST_ROWS_PER_PAGE`` per page of its context (the scoring that picked them).
+    ``fetch_s``: the part of ``page_list_s`` spent copying SPARSE misses in from the host
+    (the verify budget prices fetches per missed page, apart)."""
+
+    dense_s: float = 0.0
+    dense_rows: int = 0
+    page_list_s: float = 0.0
+    page_list_rows: int = 0
+    fetch_s: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        """All decode / verify attention seconds, fetches included."""
+        return self.dense_s + self.page_list_s
 
 
 @dataclass
@@ -96,8 +129,9 @@ def build_group(
     context_lens: list[int],
     page_size: int,
     host_page_tables: list[list[int]] | None = None,
+    is_prefill: bool = False,
 ) -> AttentionGroup:
-    """Builds one group. ``query_positions[r]``: positions of request r's query tokens (same
+    """Builds one group (``is_prefill``: a prompt chunk, see ``AttentionGroup``). ``query_positions[r]``: positions of request r's query tokens (same
     count for every r); ``page_tables[r]``: its slots in logical page order (-1: the page is not
     hot and is read from host page ``host_page_tables[r][page]``); ``context_lens[r]``: tokens it
     holds after this step's writes."""
@@ -130,7 +164,8 @@ def build_group(
         key_pos = offsets[None, None, :]
         attn_mask = ((key_pos <= q_pos[:, :, None]) & (key_pos < lens)).unsqueeze(1)
     host_read = (torch.cat(host_dst), torch.tensor(host_ids, dtype=torch.int64)) if host_ids else None
-    return AttentionGroup(token_start, num_reqs, num_query_tokens, read_rows, attn_mask, host_read)
+    return AttentionGroup(token_start, num_reqs, num_query_tokens, read_rows, attn_mask, host_read,
+                          is_prefill=is_prefill, key_rows=num_query_tokens * sum(context_lens))
 
 
 SMALL_QUERY_TOKENS = 16  # decode / verify groups: two batched matmuls beat CPU flash SDPA by 20-40%
@@ -177,6 +212,9 @@ class PagedAttention:
         # counters over layers x sparse tokens (read by benchmarks and stats)
         self.num_selected_pages = 0
         self.num_context_pages = 0
+        # the current step's decode / verify attention (the model runner starts a new one per step)
+        self.work = AttentionWork()
+        self._timed = pool.storage.device.type == "cpu"
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
@@ -189,7 +227,9 @@ class PagedAttention:
         v_rows.index_copy_(0, meta.write_rows, v)
         num_tokens, num_heads, head_dim = q.shape
         out = q.new_empty(num_tokens, num_heads, head_dim)
+        work, timed = self.work, self._timed
         for group in meta.groups:
+            start = time.perf_counter()
             group_q = q[group.token_start : group.token_end].view(
                 group.num_reqs, group.num_query_tokens, num_heads, head_dim
             ).transpose(1, 2)  # [num_reqs, num_heads, num_query_tokens, head_dim]
@@ -209,8 +249,14 @@ class PagedAttention:
                     group_q, keys, values, attn_mask=group.attn_mask, scale=self.scale, enable_gqa=True
                 )  # [num_reqs, num_heads, num_query_tokens, head_dim]
             out[group.token_start : group.token_end] = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
+            if timed and not group.is_prefill:
+                work.dense_s += time.perf_counter() - start
+                work.dense_rows += group.key_rows
         if meta.page_list is not None:
+            start = time.perf_counter()
             out[meta.page_list.token_rows] = self._page_list_forward(layer, q, meta.page_list)
+            if timed:
+                work.page_list_s += time.perf_counter() - start
         return out.view(num_tokens, num_heads * head_dim)
 
     def _read_host(self, layer: int, host_read: tuple[torch.Tensor, torch.Tensor], keys: torch.Tensor,
@@ -243,8 +289,12 @@ class PagedAttention:
             table = tokens.sparse.layer_table(layer, selected, tokens.token_req, table)
         slots = table[tokens.token_req[:, None], selected.long().clamp(min=0)]
         token_slots = torch.where(selected >= 0, slots, -1)
-        self.num_selected_pages += int(num_selected.sum())
-        self.num_context_pages += int((tokens.token_pos // page_size + 1).sum())
+        step_selected = int(num_selected.sum())
+        step_context = int((tokens.token_pos // page_size + 1).sum())
+        self.num_selected_pages += step_selected
+        self.num_context_pages += step_context
+        if self._timed:
+            self.work.page_list_rows += step_selected * page_size + DIGEST_ROWS_PER_PAGE * step_context
         return sparse_paged_attention(
             list_q, self.pool.k[layer], self.pool.v[layer], token_slots, selected, tokens.token_pos,
             scale=self.scale, page_size=page_size, check_indices=False,

@@ -12,7 +12,9 @@ where p_i is the probability that draft position i survives given its prefix did
 confidence; the n-gram drafter has none, so p_i = a, the request's running survival estimate),
 ``step_s`` is the engine's measured step time at ``T`` batch tokens (a table profiled at
 start-up, interpolated; a count that the fp32 GEMMs pad up to a packed bucket costs that
-bucket; ``T`` = the step's other tokens + 1), and ``fetch_s(k)`` is what nobody
+bucket; ``T`` = the step's other tokens + 1) plus the attention of its query tokens, priced
+per key row each reads (``spec/attention_costs.py``: a position 4K tokens into a document
+costs more than one 300 tokens into a chat), and ``fetch_s(k)`` is what nobody
 else charges: a SPARSE request's larger working set must fetch pages from the host, k more
 verified positions x its measured misses per position x the measured seconds per fetched
 page-layer. Under hot-tier pressure (high miss rate) the budget shrinks.
@@ -156,6 +158,9 @@ class BudgetProfile:
     # block drafter's heads run per asked position; measured at 4 requests on 2 cores: 0.35 ms
     # each, at 16: 0.21 ms, at 1: 0.7 ms); None: asked positions cost nothing extra
     draft_position_costs: CostTable | None = None
+    # decode / verify attention on the dense path, seconds per key row (``AttentionWork``), as the
+    # profile's steps measured it; None: not measured (``step_costs`` then holds it)
+    dense_attend_s_per_row: float | None = None
 
     def draft_s_per_position(self, num_requests: int) -> float:
         """What one more asked position costs a call drafting for ``num_requests`` requests."""
@@ -309,16 +314,18 @@ class DraftPlan:
 def choose_draft_lengths(confidences: list[list[float]], committed_base: int, tokens_base: int,
                          costs: CostTable | CalibratedCosts,
                          fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
-                         min_gain: float = 0.0, draft_s_per_position: float = 0.0) -> list[int]:
+                         min_gain: float = 0.0, draft_s_per_position: float = 0.0,
+                         attend_s_per_position: list[float] | None = None, attend_s_base: float = 0.0) -> list[int]:
     """``choose_draft_plan(...).lengths``."""
     return choose_draft_plan(confidences, committed_base, tokens_base, costs, fetch_s_per_position, draft_s,
-                             min_gain, draft_s_per_position).lengths
+                             min_gain, draft_s_per_position, attend_s_per_position, attend_s_base).lengths
 
 
 def choose_draft_plan(confidences: list[list[float]], committed_base: int, tokens_base: int,
                       costs: CostTable | CalibratedCosts,
                       fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
-                      min_gain: float = 0.0, draft_s_per_position: float = 0.0) -> DraftPlan:
+                      min_gain: float = 0.0, draft_s_per_position: float = 0.0,
+                      attend_s_per_position: list[float] | None = None, attend_s_base: float = 0.0) -> DraftPlan:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -334,29 +341,34 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     taken (the drafter's own forward, when it has not run yet), and ``draft_s_per_position`` for
     each position taken (what asking the drafter for one more position costs). ``min_gain``: drafts must
     promise at least this fraction more tokens per second than none (a margin for the noise of
-    the estimates that picked them, and what the model leaves out)."""
+    the estimates that picked them, and what the model leaves out). ``attend_s_per_position[r]``:
+    the attention of one more query token of request r (``spec/attention_costs.py``; the table
+    ``costs`` then prices the step without attention); ``attend_s_base``: the attention of the
+    step's tokens without drafts."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
+    attend = attend_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
-    # + asking the drafter for it
+    # + its attention + asking the drafter for it
     slope = max((costs.seconds_at(tokens_base + 16) - costs.seconds_at(tokens_base)) / 16, 1e-9)
-    price = [slope + f + draft_s_per_position for f in fetch]
+    price = [slope + f + a + draft_s_per_position for f, a in zip(fetch, attend)]
     heap = []  # (-P(position accepted) / its price, request, position index)
     for r, conf in enumerate(confidences):
         if conf:
             heapq.heappush(heap, (-conf[0] / price[r], r, 0))
     alive = [1.0] * len(confidences)
     lengths = [0] * len(confidences)
-    # position_s: the seconds the positions taken cost beyond the step (their fetches, the drafter's asks)
-    expected, tokens, position_s = float(committed_base), tokens_base, 0.0
+    # position_s: the seconds the positions taken cost beyond the table's step (the base step's
+    # attention, their fetches and attention, the drafter's asks)
+    expected, tokens, position_s = float(committed_base), tokens_base, attend_s_base
     step_s = costs.seconds_at(tokens)
-    base_rate = best_rate = expected / max(step_s, 1e-12)
-    best = DraftPlan(list(lengths), expected, step_s, base_rate)
+    base_rate = best_rate = expected / max(step_s + position_s, 1e-12)
+    best = DraftPlan(list(lengths), expected, step_s + position_s, base_rate)
     while heap:
         _, r, k = heapq.heappop(heap)
         alive[r] *= confidences[r][k]
         expected += alive[r]
         tokens += 1
-        position_s += fetch[r] + draft_s_per_position
+        position_s += fetch[r] + attend[r] + draft_s_per_position
         lengths[r] = k + 1
         # a step with more tokens never costs less: a calibrated table can dip between anchors
         # measured at different times (a slow first decode step next to a fast prefill)

@@ -104,7 +104,7 @@ def extract_features(model, records: list[Record], data_dir: str | Path, layers:
     try:
         for record in todo:
             ids = record.token_ids
-            features, _ = target_features(model, ids, layers)
+            features = target_features(model, ids, layers)
             store.add(record.key, features)
             stats["sequences"] += 1
             stats["tokens"] += len(ids)
