@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"proposals {p['propose_s']:.2f} s, mean promised gain {p['mean_predicted_gain']:.3f}")
         for n, g in row["by_tokens"].items():
             predicted = f"{g['predicted_ms']:6.1f}" if g["predicted_ms"] is not None else "   n/a"
-            echo(f"   {n:3d} tokens x{g['steps']:4d}: exec {g['exec_ms']:6.1f} ms (table {predicted}) "
+            echo(f"   {n:3d} tokens x{g['steps']:4d}: exec {g['exec_ms']:6.1f} ms (priced {predicted}) "
                  f"propose {g['propose_ms']:5.1f} rest {g['rest_ms']:5.1f}  committed {g['committed']:.2f}")
     out_dir = Path(args.out) if args.out else results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

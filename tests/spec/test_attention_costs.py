@@ -4,30 +4,51 @@ what the budget learns from it, and how it changes the draft lengths. Exact figu
 import pytest
 
 from services.decoder.model.attention import AttentionWork
-from services.decoder.spec.attention_costs import AttentionCosts
+from services.decoder.spec.attention_costs import AttentionCosts, LineFit
 from services.decoder.spec.verify_budget import CalibratedCosts, CostTable, choose_draft_plan, expected_committed
 from tests.spec.test_verify_budget_costs import _decoding_request, _drafter
 
 FLAT = CostTable((1, 64), (0.010, 0.010))  # 10 ms per step at any size
 
 
-def test_each_path_is_measured_per_key_row_and_fetches_are_taken_out():
-    costs = AttentionCosts(dense_s_per_row=1e-8)
-    assert costs.seconds("dense", 1000) == pytest.approx(1e-5)
-    assert costs.seconds("page_list", 10**6) == 0.0  # unmeasured: not charged
-    # 30 ms of page-list attention, 10 of them host fetches, over 10,000 rows: 2 us per row
+def test_a_line_fit_finds_the_fixed_part_and_the_slope():
+    """Steps that cost 30 ms + 0.4 us per row: the fit recovers both from two row counts; with one
+    row count only (every request decoding one token) and no profile it cannot see a fixed part
+    and goes through 0; with a profile's line the slope is the profile's and the fixed part the
+    steps' (the profile's 10 ms fixed part was wrong here), until spread steps say otherwise."""
+    fit = LineFit()
+    assert fit.line() == (0.0, 0.0) and not fit.known
+    for rows in (40_000, 320_000, 40_000, 320_000):
+        fit.observe(rows, 0.030 + 0.4e-6 * rows)
+    assert fit.line() == pytest.approx((0.030, 0.4e-6))
+    one = LineFit()
+    one.observe(40_000, 0.046)
+    assert one.line() == pytest.approx((0.0, 0.046 / 40_000))
+    # the profile: 10 ms + 0.4 us per row over 8,640 .. 552,960 rows; serving sees 46,680 rows at 48.7 ms
+    anchored = LineFit(prior=tuple((r, 0.010 + 0.4e-6 * r) for r in (8_640, 34_560, 138_240, 552_960)))
+    for _ in range(30):
+        anchored.observe(46_680, 0.030 + 0.4e-6 * 46_680)
+    assert anchored.line() == pytest.approx((0.030, 0.4e-6))
+    for rows in (93_360, 186_720, 373_440):  # verify steps: 0.3 us per row over there
+        anchored.observe(rows, 0.030 + 0.4e-6 * 46_680 + 0.3e-6 * (rows - 46_680))
+    assert 0.3e-6 < anchored.line()[1] < 0.4e-6
+    # a negative intercept (rows cost more than proportionally) is refitted through 0
+    steep = LineFit()
+    for rows in (1_000, 2_000):
+        steep.observe(rows, 1e-6 * rows - 0.0005)
+    assert steep.line()[0] == 0.0 and steep.line()[1] > 0
+
+
+def test_each_path_is_fed_its_own_measurements_and_fetches_are_taken_out():
+    costs = AttentionCosts(dense_prior=((10_000, 0.001), (20_000, 0.002)))
+    assert costs.s_per_row("dense") == pytest.approx(1e-7) and costs.seconds("dense", 30_000) == pytest.approx(0.003)
+    assert costs.seconds("page_list", 10**6) == 0.0 and costs.seconds("dense", 0) == 0.0  # unmeasured; not run
+    # 30 ms of page-list attention, 10 of them host fetches, over 10,000 rows
     costs.observe(AttentionWork(page_list_s=0.030, page_list_rows=10_000, fetch_s=0.010))
-    assert costs.s_per_row["page_list"] == pytest.approx(2e-6)
-    assert costs.s_per_row["dense"] == pytest.approx(1e-8)  # no dense rows this step
-    # later steps move the figure WEIGHT of the way
-    costs.observe(AttentionWork(page_list_s=0.040, page_list_rows=10_000))
-    assert costs.s_per_row["page_list"] == pytest.approx(2e-6 + AttentionCosts.WEIGHT * 2e-6)
-    costs.observe(AttentionWork(dense_s=0.001, dense_rows=20_000))
-    assert costs.s_per_row["dense"] == pytest.approx(1e-8 + AttentionCosts.WEIGHT * (5e-8 - 1e-8))
-    # too few rows to say anything: ignored
-    costs.observe(AttentionWork(dense_s=1.0, dense_rows=10, page_list_s=1.0, page_list_rows=10))
-    assert costs.s_per_row["dense"] == pytest.approx(1.4e-8)
-    assert costs.s_per_row["page_list"] == pytest.approx(2.2e-6)
+    assert costs.seconds("page_list", 10_000) == pytest.approx(0.020)
+    assert costs.fits["dense"].num_observed == 0  # no dense rows this step
+    costs.observe(AttentionWork(dense_s=1.0, dense_rows=10, page_list_s=1.0, page_list_rows=10))  # too few rows
+    assert costs.fits["dense"].num_observed == 0 and costs.fits["page_list"].num_observed == 1
 
 
 def _best_k(p: float, base_s: float, per_position_s: float, max_k: int = 7) -> int:
@@ -52,20 +73,23 @@ def test_attention_per_position_and_in_the_base_step_set_the_length(attend_base_
 
 def test_the_step_table_learns_the_step_without_its_attention():
     """A 10 ms table and a step that took 40 ms, 30 of them page-list attention over 15,000 rows:
-    the table is right (ratio 1), the attention costs 2 us per row, and a request whose next
-    token reads 1,500 rows is priced 3 ms per verified position."""
+    the table is right (ratio 1), and a request whose next token reads 1,500 rows is priced at
+    the page-list line's slope times those rows per verified position (one row count measured:
+    the line goes through 0, 2 us per row, 3 ms)."""
     from services.decoder.engine.speculation import Speculator
     from services.decoder.spec.verify_budget import BudgetProfile
 
     request = _decoding_request()
+    profile = BudgetProfile(FLAT, CostTable((1, 16), (0.001, 0.001)), dense_attention_points=((7_680, 0.001),))
     speculator = Speculator(_drafter(), spec_tokens=4, query_key_rows=lambda r: ("page_list", 1500))
-    speculator.profile = BudgetProfile(FLAT, CostTable((1, 16), (0.001, 0.001)), dense_attend_s_per_row=1e-8)
+    speculator.profile = profile
     assert speculator.attend_s_per_position(request) == 0.0  # page-list not measured yet
     speculator.observe_step(4, 0.040, AttentionWork(page_list_s=0.030, page_list_rows=15_000))
     assert speculator.step_costs.ratio_at(4) == pytest.approx(1.0)
     assert speculator.attend_s_per_position(request) == pytest.approx(0.003)
+    assert speculator.attend_s([(request, 10)]) == pytest.approx(0.030)
     without = Speculator(_drafter(), spec_tokens=4)  # no key-row counts: the table holds attention
-    without.profile = BudgetProfile(FLAT, CostTable((1, 16), (0.001, 0.001)), dense_attend_s_per_row=1e-8)
+    without.profile = profile
     without.observe_step(4, 0.040, AttentionWork(page_list_s=0.030, page_list_rows=15_000))
     # 4x the table, moved as far as one measurement may (MAX_JUMP)
     assert without.step_costs.ratio_at(4) == pytest.approx(CalibratedCosts.MAX_JUMP)
@@ -110,3 +134,35 @@ def test_the_runner_counts_the_rows_the_budget_prices(loaded_model, attention):
     else:
         assert set(paths.values()) == {"dense"} and work.page_list_rows == 0
     assert work.dense_s > 0
+
+
+def test_a_sparse_engines_profile_times_both_attention_paths(loaded_model):
+    """The start-up profile of a sparse engine with the adaptive budget: dense attention at every
+    step size (its request is within the selection budget), the page-list path at 1, 4, 16 and 64
+    tokens (forced, then switched back); each path's rows grow with the tokens, and the
+    speculator's lines start from those points. With a budget below the profile's context its
+    steps select anyway: then they are the page-list points, and there are no dense ones."""
+    from dhisparse import LLM
+    from services.decoder.engine.step_profile import PAGE_LIST_PROFILE_TOKENS, PROFILE_TOKENS
+
+    llm = LLM(loaded=loaded_model, spec="ngram", spec_tokens=4, verify_budget="adaptive", attention="sparse",
+              top_k_tokens=1024, sink_pages=1, recent_pages=2)  # the profile's 256 tokens within the budget
+    speculator, runner = llm.engine.speculator, llm.engine.runner
+    profile = speculator.profile
+    dense, page_list = profile.dense_attention_points, profile.page_list_attention_points
+    assert len(dense) == len(PROFILE_TOKENS) and len(page_list) == len(PAGE_LIST_PROFILE_TOKENS)
+    for points in (dense, page_list):
+        rows = [r for r, _ in points]
+        assert rows == sorted(set(rows)) and all(s > 0 for _, s in points)
+    # one token 256 positions in (17 pages, all selected): 30 layers x (17 x 16 selected + 2 x 17 digest rows)
+    assert page_list[0][0] == 30 * (17 * 16 + 2 * 17)
+    assert dense[0][0] == 30 * 257
+    assert not runner.force_selection and llm.engine.allocator.num_free_slots == llm.engine.allocator.num_slots
+    costs = speculator.attention_costs
+    assert costs.fits["dense"].known and costs.fits["page_list"].known and costs.s_per_row("page_list") > 0
+    small = LLM(loaded=loaded_model, spec="ngram", spec_tokens=4, verify_budget="adaptive", attention="sparse",
+                top_k_tokens=64, sink_pages=1, recent_pages=2)
+    profile = small.engine.speculator.profile
+    assert not profile.dense_attention_points and len(profile.page_list_attention_points) == len(PROFILE_TOKENS)
+    assert profile.page_list_attention_points[0][0] == 30 * (7 * 16 + 2 * 17)
+    assert small.engine.speculator.attention_costs.s_per_row("page_list") > 0

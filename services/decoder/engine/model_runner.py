@@ -60,6 +60,9 @@ class ModelRunner:
         self.host_tier: HostTier | None = None  # see attach_host_tier
         # benchmarks.selection_trace: sees every SPARSE request's working set per layer (None: off)
         self.selection_observer: SelectionObserver | None = None
+        # every decode / verify token of a sparse engine takes the page-list path, even within the
+        # selection budget (the verify budget's start-up profile times that path this way)
+        self.force_selection = False
         self.attention = PagedAttention(pool, cfg.num_heads, model.scale, sparse, self.digests)
 
     def attach_host_tier(self, host_tier: HostTier) -> None:
@@ -97,7 +100,9 @@ class ModelRunner:
     def _selects(self, sched: ScheduledRequest) -> bool:
         """Whether the request's decode / verify tokens attend over their own selections (page-list
         tokens): every SPARSE request, and a FULL one beyond the selection budget."""
-        return self.sparse is not None and not (sched.request.mode is Residency.FULL and self._within_budget(sched))
+        if self.sparse is None:
+            return False
+        return self.force_selection or not (sched.request.mode is Residency.FULL and self._within_budget(sched))
 
     def query_key_rows(self, request: Request) -> tuple[str, int]:
         """What one decode / verify query token of ``request`` attends next step, summed over

@@ -112,8 +112,9 @@ class Speculator:
         self.step_costs = None if profile is None else CalibratedCosts(profile.step_costs)
         self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs)
         self.attention_costs = None
-        if profile is not None and self.query_key_rows is not None and profile.dense_attend_s_per_row is not None:
-            self.attention_costs = AttentionCosts(profile.dense_attend_s_per_row)
+        if profile is not None and self.query_key_rows is not None and (
+                profile.dense_attention_points or profile.page_list_attention_points):
+            self.attention_costs = AttentionCosts(profile.dense_attention_points, profile.page_list_attention_points)
 
     def observe_step(self, num_tokens: int, seconds: float, attention: AttentionWork | None = None) -> None:
         """The target pass of a step: ``num_tokens`` batch tokens took ``seconds``, of which
@@ -130,7 +131,19 @@ class Speculator:
         """The attention of one more query token of ``request`` next step (0 when the table holds it)."""
         if self.attention_costs is None:
             return 0.0
-        return self.attention_costs.seconds(*self.query_key_rows(request))
+        path, rows = self.query_key_rows(request)
+        return self.attention_costs.s_per_row(path) * rows
+
+    def attend_s(self, tokens: list[tuple[Request, int]]) -> float:
+        """A step's decode / verify attention: ``tokens`` = (request, its query tokens); each path
+        that runs costs its fixed part once (0 when the table holds attention)."""
+        if self.attention_costs is None:
+            return 0.0
+        rows = dict.fromkeys(("dense", "page_list"), 0)
+        for request, num_tokens in tokens:
+            path, per_token = self.query_key_rows(request)
+            rows[path] += num_tokens * per_token
+        return sum(self.attention_costs.seconds(path, n) for path, n in rows.items())
 
     def priced_step_s(self, batch: list[ScheduledRequest]) -> float | None:
         """What the budget prices ``batch``'s target pass at (table + decode / verify attention;
@@ -138,8 +151,8 @@ class Speculator:
         if self.step_costs is None:
             return None
         tokens = sum(s.num_query_tokens for s in batch)
-        return self.step_costs.seconds_at(tokens) + sum(
-            s.num_query_tokens * self.attend_s_per_position(s.request) for s in batch if s.num_new_tokens == 1)
+        return self.step_costs.seconds_at(tokens) + self.attend_s(
+            [(s.request, s.num_query_tokens) for s in batch if s.num_new_tokens == 1])
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """A verified draft: updates the request's estimate, the pooled one and, for a drafter
@@ -241,13 +254,12 @@ class Speculator:
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
-        attend = {r.request_id: self.attend_s_per_position(r) for r in running}
         return choose_draft_plan(confidences, committed_base=len(running), tokens_base=len(running),
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
-                                 attend_s_per_position=[attend[r.request_id] for r in drafting],
-                                 attend_s_base=sum(attend[r.request_id] for r in running if r.num_pending_tokens == 1))
+                                 attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
+                                 attend_s_base=self.attend_s([(r, 1) for r in running if r.num_pending_tokens == 1]))
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

@@ -17,6 +17,9 @@ from services.decoder.spec.verify_budget import BudgetProfile, CostTable
 
 PROFILE_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64)  # 3: the last row count before the packed GEMM's 8-row pad
 PROFILE_DRAFT_REQUESTS = (1, 4, 16)
+# step sizes at which a sparse engine's page-list attention is timed (the same request, every
+# token forced through its own selection): its line's fixed part and slope
+PAGE_LIST_PROFILE_TOKENS = (1, 4, 16, 64)
 # drafter calls that build every packed-GEMM bucket (model/linear.py: 8 .. 64 rows) of its block
 # (8 rows per request) and head (up to 7 per request) before anything is timed, while serving
 # never: a draft call must not be priced at a pack build
@@ -25,7 +28,8 @@ PACK_WARMUP_REQUESTS = (1, 2, 4, 8, 16)
 
 def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> BudgetProfile:
     """Prefills one synthetic request of ``context_tokens`` tokens, times a verify step of each
-    size in ``PROFILE_TOKENS`` on it (median of ``repeats``), a drafter call for it repeated
+    size in ``PROFILE_TOKENS`` on it (median of ``repeats``; its attention apart), on a sparse
+    engine the page-list path's attention at ``PAGE_LIST_PROFILE_TOKENS``, a drafter call for it repeated
     ``PROFILE_DRAFT_REQUESTS`` times asking one position each (one untimed call of each size
     first, then each timed call right after a target step), each again asking ``spec_tokens``
     positions per request (what one more asked position costs at that many requests: a block
@@ -40,12 +44,28 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
         while request.num_computed_tokens < len(prompt):
             engine.step()
         seconds = []
-        attention = AttentionWork()  # the profile steps' decode / verify attention, summed
+        # (key rows, attention seconds) per step size and path
+        dense_points: list[tuple[int, float]] = []
+        page_list_points: list[tuple[int, float]] = []
         for num_tokens in PROFILE_TOKENS:
             if not engine.controller.grow(request, request.num_computed_tokens + num_tokens):
                 break
             sched = ScheduledRequest(request, 1, [prompt[0]] * (num_tokens - 1))
-            seconds.append(_median_step_s(engine, sched, repeats, attention))
+            step_s, work = _median_step(engine, sched, repeats)
+            seconds.append(step_s)
+            if work.dense_rows:
+                dense_points.append((work.dense_rows, work.dense_s))
+            if work.page_list_rows:  # a selection budget smaller than the profile's context
+                page_list_points.append((work.page_list_rows, work.page_list_s - work.fetch_s))
+        if engine.runner.sparse is not None and not page_list_points:  # the same steps through per-token selections
+            engine.runner.force_selection = True
+            try:
+                for num_tokens in (n for n in PAGE_LIST_PROFILE_TOKENS if seconds and n <= PROFILE_TOKENS[len(seconds) - 1]):
+                    sched = ScheduledRequest(request, 1, [prompt[0]] * (num_tokens - 1))
+                    work = _median_step(engine, sched, repeats)[1]
+                    page_list_points.append((work.page_list_rows, work.page_list_s - work.fetch_s))
+            finally:
+                engine.runner.force_selection = False
         drafter = engine.speculator.drafter
         drafter.prepare([rid])
         asks = {n: [DraftRequest(rid, prompt, engine.speculator.spec_tokens)] * n for n in PACK_WARMUP_REQUESTS}
@@ -81,23 +101,23 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
     padded = engine.model.lm_head.packed_path == "mkl-fp32-packs"  # every projection takes the same path
     buckets = tuple(b for b in PACK_BUCKETS_ROWS if b <= counts[-1]) if padded else ()
     step_costs = CostTable(counts, tuple(_never_less_for_more(seconds)), buckets, MIN_PACKED_ROWS if buckets else 0)
-    dense_s_per_row = attention.dense_s / attention.dense_rows if attention.dense_rows else None
     return BudgetProfile(step_costs, CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s,
-                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(s_per_position)), dense_s_per_row)
+                         CostTable(PROFILE_DRAFT_REQUESTS, tuple(s_per_position)), tuple(dense_points),
+                         tuple(page_list_points))
 
 
-def _median_step_s(engine, sched: ScheduledRequest, repeats: int, attention: AttentionWork) -> float:
-    """Median seconds of the target pass over ``sched`` without its decode / verify attention
-    (priced per key row apart: ``spec/attention_costs.py``); adds that attention's seconds and
-    rows to ``attention``."""
-    times = []
+def _median_step(engine, sched: ScheduledRequest, repeats: int) -> tuple[float, AttentionWork]:
+    """The median over ``repeats`` target passes over ``sched`` of its seconds without its decode /
+    verify attention (priced apart: ``spec/attention_costs.py``), and the attention of the pass
+    whose attention took the median time."""
+    times, works = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         work = engine.runner.execute([sched]).attention
         times.append(time.perf_counter() - start - work.seconds)
-        attention.dense_s += work.dense_s
-        attention.dense_rows += work.dense_rows
-    return statistics.median(times)
+        works.append(work)
+    works.sort(key=lambda w: w.seconds)
+    return statistics.median(times), works[len(works) // 2]
 
 
 def _never_less_for_more(seconds: list[float]) -> list[float]:

@@ -1,22 +1,25 @@
-"""What decode / verify attention costs per key row, by path, for the verify budget.
+"""What decode / verify attention costs, by path, for the verify budget.
 
 The budget's step table (``verify_budget.CostTable``) prices a step by its batch tokens: the
 projections and MLPs, whose cost does not depend on where the tokens are in their sequences. A
 verified position's attention does: a dense query token reads its whole context, a sparse
 (page-list) token scores every page of its context and gathers and attends its own selection.
 On a 4K-token document under sparse attention with a 1K-token selection a page-list token costs
-~20 ms of a 2-core CPU step: the table, profiled on a short context, priced 16-32-token sparse
+~17 ms of a 2-core CPU step: the table, profiled on a short context, priced 16-32-token sparse
 verify steps at half what they took. So the step is priced as
 
-    table(batch tokens) + sum over query tokens of seconds_per_row(path) x key rows(token),
+    table(batch tokens) + sum over paths in the step of (fixed_s + s_per_row x key rows),
 
 with the rows counted as ``model.attention.AttentionWork`` counts them (the model runner says
 what a request's next query token reads: ``ModelRunner.query_key_rows``), and the table learns
 the step's seconds without its attention (and without host fetches, priced per missed page).
 
-Each path's seconds per row is a moving average of what steps measure. Dense starts from the
-start-up profile; page-list starts unknown (no charge) and is measured by the first step with a
-sparse token: every decode step of a request beyond its selection budget is one.
+A path's cost is a line, not a rate: the page-list path spends ~1 ms per layer per step however
+few tokens it serves (measured: 1 request x 1 token 49 ms for 46,680 rows, x 8 tokens 170 ms
+for 8x the rows), and only the slope is what one more verified position costs. Each line is an
+exponentially weighted least-squares fit of the steps measured while serving, its slope anchored
+by the start-up profile's steps (``engine/step_profile.py``), which span 1 to 64 tokens: serving
+steps alone often sit at one row count (every request decoding one token), where a fit has no slope.
 """
 
 from __future__ import annotations
@@ -26,25 +29,83 @@ from services.decoder.model.attention import AttentionWork
 PATHS = ("dense", "page_list")
 
 
-class AttentionCosts:
-    WEIGHT = 0.1  # of the newest step's measurement (the first one sets the figure)
-    # a step with fewer rows than this on a path says little about it (timer resolution, the
-    # fixed cost of a call): not observed
-    MIN_ROWS = {"dense": 4096, "page_list": 1024}
+class LineFit:
+    """``seconds ~ fixed_s + s_per_row x rows`` over the measured steps (weight 1 each, decayed
+    by ``DECAY`` per step), with the slope drawn towards the prior's (the profile's line) as
+    much as ``PRIOR_WEIGHT`` steps spread like the profile's would draw it: with the steps at one
+    row count the slope is the prior's and the fixed part what the steps say; the more the
+    steps' row counts spread, the more their own slope counts. Neither coefficient goes below 0."""
 
-    def __init__(self, dense_s_per_row: float | None = None):
-        self.s_per_row: dict[str, float | None] = {"dense": dense_s_per_row, "page_list": None}
+    DECAY = 0.95  # ~20 steps of memory
+    PRIOR_WEIGHT = 4.0
+
+    def __init__(self, prior: tuple[tuple[int, float], ...] = ()):
+        self._prior_line = (0.0, 0.0)
+        self._prior_strength = 0.0  # PRIOR_WEIGHT x the prior's spread of rows (sum of squares)
+        if prior:
+            xs, ys = [float(x) for x, _ in prior], [y for _, y in prior]
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            spread = sum((x - mx) ** 2 for x in xs) / len(xs)
+            if spread > 0:
+                slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / (spread * len(xs))
+                self._prior_line = (my - slope * mx, slope)
+            else:  # one row count: a rate through 0
+                self._prior_line, spread = (0.0, my / mx), mx * mx
+            self._prior_strength = self.PRIOR_WEIGHT * spread
+        self._data = [0.0] * 5  # weight, sum x, sum x^2, sum y, sum xy
+        self.num_observed = 0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        self._data = [self.DECAY * s for s in self._data]
+        for i, term in enumerate((1.0, rows, rows * rows, seconds, rows * seconds)):
+            self._data[i] += term
+        self.num_observed += 1
+
+    @property
+    def known(self) -> bool:
+        return self._prior_strength > 0 or self._data[0] > 0
+
+    def line(self) -> tuple[float, float]:
+        """``(fixed_s, s_per_row)``; ``(0, 0)`` with nothing measured."""
+        n, sx, sxx, sy, sxy = self._data
+        if n <= 0:
+            return max(self._prior_line[0], 0.0), max(self._prior_line[1], 0.0)
+        centred_xx = max(sxx - sx * sx / n, 0.0)
+        centred_xy = sxy - sx * sy / n
+        strength = self._prior_strength
+        if centred_xx + strength <= 1e-12 * max(sxx, 1.0):  # one row count and no prior: a rate through 0
+            return 0.0, max(sxy / sxx, 0.0) if sxx > 0 else 0.0
+        slope = max((centred_xy + strength * self._prior_line[1]) / (centred_xx + strength), 0.0)
+        fixed = (sy - slope * sx) / n
+        if fixed < 0:  # rows cost more than in proportion: a rate through 0
+            return 0.0, max(sxy / sxx, 0.0)
+        return fixed, slope
+
+
+class AttentionCosts:
+    """The two paths' lines, fed one ``AttentionWork`` per step."""
+
+    # a step with fewer rows than this on a path says little about it (timer resolution): skipped
+    MIN_ROWS = 1024
+
+    def __init__(self, dense_prior: tuple[tuple[int, float], ...] = (),
+                 page_list_prior: tuple[tuple[int, float], ...] = ()):
+        self.fits = {"dense": LineFit(dense_prior), "page_list": LineFit(page_list_prior)}
+
+    def s_per_row(self, path: str) -> float:
+        """What one more key row on ``path`` costs (0 while the path is unmeasured)."""
+        return self.fits[path].line()[1]
 
     def seconds(self, path: str, rows: int) -> float:
-        """Seconds of ``rows`` key rows on ``path`` (0 while the path is unmeasured)."""
-        rate = self.s_per_row[path]
-        return 0.0 if rate is None else rate * rows
+        """A step's seconds on ``path`` for ``rows`` key rows in all (0 rows: the path does not run)."""
+        if rows <= 0:
+            return 0.0
+        fixed, slope = self.fits[path].line()
+        return fixed + slope * rows
 
     def observe(self, work: AttentionWork) -> None:
         """One step's measured attention (its fetches taken out of the page-list seconds)."""
         for path, seconds, rows in (("dense", work.dense_s, work.dense_rows),
                                     ("page_list", work.page_list_s - work.fetch_s, work.page_list_rows)):
-            if rows < self.MIN_ROWS[path] or seconds <= 0:
-                continue
-            rate, current = seconds / rows, self.s_per_row[path]
-            self.s_per_row[path] = rate if current is None else current + self.WEIGHT * (rate - current)
+            if rows >= self.MIN_ROWS and seconds > 0:
+                self.fits[path].observe(rows, seconds)

@@ -158,9 +158,11 @@ class BudgetProfile:
     # block drafter's heads run per asked position; measured at 4 requests on 2 cores: 0.35 ms
     # each, at 16: 0.21 ms, at 1: 0.7 ms); None: asked positions cost nothing extra
     draft_position_costs: CostTable | None = None
-    # decode / verify attention on the dense path, seconds per key row (``AttentionWork``), as the
-    # profile's steps measured it; None: not measured (``step_costs`` then holds it)
-    dense_attend_s_per_row: float | None = None
+    # decode / verify attention of the profile's steps, (key rows, seconds) per step size and path
+    # (``AttentionWork``; ``spec/attention_costs.py``); none on either path: not measured, and
+    # ``step_costs`` holds the attention
+    dense_attention_points: tuple[tuple[int, float], ...] = ()
+    page_list_attention_points: tuple[tuple[int, float], ...] = ()
 
     def draft_s_per_position(self, num_requests: int) -> float:
         """What one more asked position costs a call drafting for ``num_requests`` requests."""
