@@ -63,7 +63,7 @@ def test_attention_per_position_and_in_the_base_step_set_the_length(attend_base_
     keys costs more (2 ms: one position), and a step that is mostly attention makes a draft
     relatively cheaper (30 ms base: three positions pay)."""
     plan = choose_draft_plan([[0.5] * 7], 1, 1, FLAT, attend_s_per_position=[attend_ms / 1e3],
-                             attend_s_base=attend_base_ms / 1e3)
+                             base_extra_s=attend_base_ms / 1e3)
     expected = _best_k(0.5, 0.010 + attend_base_ms / 1e3, attend_ms / 1e3)
     assert plan.lengths == [expected]
     assert plan.seconds == pytest.approx(0.010 + (attend_base_ms + expected * attend_ms) / 1e3)

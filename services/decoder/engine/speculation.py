@@ -38,7 +38,7 @@ from services.decoder.engine.request import Request, Residency
 from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.model.attention import AttentionWork
 from services.decoder.model.llama import LlamaModel
-from services.decoder.spec.attention_costs import AttentionCosts
+from services.decoder.spec.attention_costs import PATHS, AttentionCosts
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import (
     LEARNED_DRAFTERS,
@@ -139,20 +139,21 @@ class Speculator:
         that runs costs its fixed part once (0 when the table holds attention)."""
         if self.attention_costs is None:
             return 0.0
-        rows = dict.fromkeys(("dense", "page_list"), 0)
+        rows = dict.fromkeys(PATHS, 0)
         for request, num_tokens in tokens:
             path, per_token = self.query_key_rows(request)
             rows[path] += num_tokens * per_token
         return sum(self.attention_costs.seconds(path, n) for path, n in rows.items())
 
     def priced_step_s(self, batch: list[ScheduledRequest]) -> float | None:
-        """What the budget prices ``batch``'s target pass at (table + decode / verify attention;
-        prefill chunks' attention is in the table); None without a profile."""
+        """What the budget prices ``batch``'s target pass at (table + decode / verify attention and
+        host fetches; prefill chunks' attention is in the table); None without a profile."""
         if self.step_costs is None:
             return None
         tokens = sum(s.num_query_tokens for s in batch)
-        return self.step_costs.seconds_at(tokens) + self.attend_s(
-            [(s.request, s.num_query_tokens) for s in batch if s.num_new_tokens == 1])
+        decoding = [(s.request, s.num_query_tokens) for s in batch if s.num_new_tokens == 1]
+        return (self.step_costs.seconds_at(tokens) + self.attend_s(decoding)
+                + sum(n * self.fetch_s_per_position(r) for r, n in decoding))
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """A verified draft: updates the request's estimate, the pooled one and, for a drafter
@@ -254,12 +255,14 @@ class Speculator:
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
+        decoding = [r for r in running if r.num_pending_tokens == 1]
         return choose_draft_plan(confidences, committed_base=len(running), tokens_base=len(running),
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 attend_s_base=self.attend_s([(r, 1) for r in running if r.num_pending_tokens == 1]))
+                                 base_extra_s=self.attend_s([(r, 1) for r in decoding])
+                                 + sum(self.fetch_s_per_position(r) for r in decoding))
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

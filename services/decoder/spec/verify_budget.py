@@ -317,17 +317,17 @@ def choose_draft_lengths(confidences: list[list[float]], committed_base: int, to
                          costs: CostTable | CalibratedCosts,
                          fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
                          min_gain: float = 0.0, draft_s_per_position: float = 0.0,
-                         attend_s_per_position: list[float] | None = None, attend_s_base: float = 0.0) -> list[int]:
+                         attend_s_per_position: list[float] | None = None, base_extra_s: float = 0.0) -> list[int]:
     """``choose_draft_plan(...).lengths``."""
     return choose_draft_plan(confidences, committed_base, tokens_base, costs, fetch_s_per_position, draft_s,
-                             min_gain, draft_s_per_position, attend_s_per_position, attend_s_base).lengths
+                             min_gain, draft_s_per_position, attend_s_per_position, base_extra_s).lengths
 
 
 def choose_draft_plan(confidences: list[list[float]], committed_base: int, tokens_base: int,
                       costs: CostTable | CalibratedCosts,
                       fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
                       min_gain: float = 0.0, draft_s_per_position: float = 0.0,
-                      attend_s_per_position: list[float] | None = None, attend_s_base: float = 0.0) -> DraftPlan:
+                      attend_s_per_position: list[float] | None = None, base_extra_s: float = 0.0) -> DraftPlan:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -345,8 +345,8 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     promise at least this fraction more tokens per second than none (a margin for the noise of
     the estimates that picked them, and what the model leaves out). ``attend_s_per_position[r]``:
     the attention of one more query token of request r (``spec/attention_costs.py``; the table
-    ``costs`` then prices the step without attention); ``attend_s_base``: the attention of the
-    step's tokens without drafts."""
+    ``costs`` then prices the step without attention); ``base_extra_s``: what the step's tokens
+    without drafts cost beyond the table (their attention and host fetches)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     attend = attend_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
@@ -361,7 +361,7 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     lengths = [0] * len(confidences)
     # position_s: the seconds the positions taken cost beyond the table's step (the base step's
     # attention, their fetches and attention, the drafter's asks)
-    expected, tokens, position_s = float(committed_base), tokens_base, attend_s_base
+    expected, tokens, position_s = float(committed_base), tokens_base, base_extra_s
     step_s = costs.seconds_at(tokens)
     base_rate = best_rate = expected / max(step_s + position_s, 1e-12)
     best = DraftPlan(list(lengths), expected, step_s + position_s, base_rate)
