@@ -1,6 +1,6 @@
 """Start-up profile for the adaptive verify budget, measured on this engine: step seconds vs batch
-tokens (attention taken out), dense attention's seconds per key row, the drafter's seconds vs the
-requests it drafts for in one call, and the seconds one host page costs to fetch into the hot
+tokens (attention taken out), each attention path's seconds vs key rows, the drafter's seconds vs
+the requests it drafts for in one call, and the seconds one host page costs to fetch into the hot
 pool (per layer)."""
 
 from __future__ import annotations
