@@ -130,9 +130,10 @@ class ModelRunner:
         chunks = [s for s in batch if s.num_new_tokens > 1 and not self._recomputes_output(s)]
         selecting: list[ScheduledRequest] = []
         if self.sparse is not None:
-            selecting = [s for s in singles + blocks if self._selects(s)]
-            singles = [s for s in singles if not self._selects(s)]
-            blocks = [s for s in blocks if not self._selects(s)]
+            selects = {id(s): self._selects(s) for s in singles + blocks}
+            selecting = [s for s in singles + blocks if selects[id(s)]]
+            singles = [s for s in singles if not selects[id(s)]]
+            blocks = [s for s in blocks if not selects[id(s)]]
         blocks.sort(key=lambda s: s.num_query_tokens)  # equal-length blocks side by side: one group each length
         ordered = singles + blocks + selecting + chunks
         input_ids: list[int] = []
