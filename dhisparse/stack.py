@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -31,7 +32,33 @@ from services.decoder.spec.drafter import SPEC_METHODS
 from services.metadata.redis_server import RedisServer
 
 
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LISTEN_PORTS_BELOW_EPHEMERAL = 8192  # how many ports under the kernel's ephemeral range free_port draws from
+
+
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a service started a moment later.
+
+    Drawn at random from just below the kernel's ephemeral range, not from it: a port the kernel
+    hands out (``bind(0)``) may be handed out again as the local end of an outgoing connection
+    (a gRPC channel, a Redis client) before our service binds it, which made a gateway fail to
+    start with ``address already in use`` in CI. Where the range cannot be read, ``bind(0)``.
+    """
+    try:
+        ephemeral_low = int(_EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 0
+    low = max(1024, ephemeral_low - _LISTEN_PORTS_BELOW_EPHEMERAL)
+    if ephemeral_low - low >= 256:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(low, ephemeral_low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -44,3 +44,19 @@ def test_speculation_and_bf16_projections_reach_the_decoder_config():
     assert DecoderConfig().torch_gemm_dtype == torch.float32  # the default: fp32 matmuls, the oracle's numbers
     with pytest.raises(SystemExit):
         parse_options(["--spec", "eagle"])
+
+
+def test_free_port_stays_out_of_the_kernels_ephemeral_range():
+    """Ports the kernel hands to outgoing connections (gRPC channels, Redis clients) must not be
+    the ones our services are told to listen on: CI once lost a gateway to such a collision."""
+    import socket
+    from pathlib import Path
+
+    from dhisparse.stack import free_port
+
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(50)]
+    assert all(1024 <= p < low or p > high for p in ports), ports
+    assert len(set(ports)) > 40  # drawn at random, not one port again and again
+    with socket.socket() as s:  # and it is free
+        s.bind(("127.0.0.1", ports[0]))
