@@ -1,0 +1,22 @@
+"""benchmarks/linear_rows.py: every candidate kernel computes the same product as ``F.linear``."""
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.linear_rows import CANDIDATES, time_candidates
+from services.decoder.model.linear import Linear
+
+
+def test_every_candidate_is_the_same_product_and_each_row_count_is_timed():
+    gen = torch.Generator().manual_seed(0)
+    layers = [Linear(torch.randn(64, 48, generator=gen)), Linear(torch.randn(32, 48, generator=gen),
+                                                                 bias=torch.randn(32, generator=gen))]
+    x = torch.randn(5, 48, generator=gen)
+    for name, fn in CANDIDATES.items():
+        torch.testing.assert_close(fn(layers[0], x), F.linear(x, layers[0].weight), msg=name)
+        torch.testing.assert_close(fn(layers[1], x), F.linear(x, layers[1].weight, layers[1].bias), msg=name)
+    rows = time_candidates(layers, [1, 3], repeats=2)
+    assert [r["rows"] for r in rows] == [1, 3]
+    for r in rows:
+        for name in CANDIDATES:
+            assert r[f"{name}_ms"] > 0 and r[f"{name}_max_abs_diff"] < 1e-4
