@@ -76,6 +76,7 @@ BENCHMARKS = {  # name -> module with main(argv) -> int
     "serve": "benchmarks.serve.run",
     "h200_projection": "benchmarks.h200_projection.run",
     "transfer": "benchmarks.transfer",
+    "linear_rows": "benchmarks.linear_rows",
     "residency": "benchmarks.residency",
     "selection_trace": "benchmarks.selection_trace",
     "gpu_kernels": "benchmarks.gpu_kernels",
