@@ -11,7 +11,8 @@ as in a step), each candidate at each row count, side by side in one run:
 - ``mm_w_xt``: ``torch.mm(W, x.T).T`` (the same product laid out as a tall-skinny GEMM);
 - ``mm_w_xt_min2``: the same with one row padded to two (a one-column GEMM may run as a slower GEMV);
 
-and records each candidate's largest deviation from ``F.linear`` (fp32 summation order only).
+and records each candidate's largest deviation from ``F.linear`` on the LM head (fp32 summation
+order only).
 
     python -m benchmarks.linear_rows [--rows 1,2,3,4,8,16] [--repeats 7] [--name NAME]
 """
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import machine_info, results_dir, write_json
+
 
 def _mm_w_xt(layer, x: torch.Tensor, min_rows: int = 1) -> torch.Tensor:
     num_rows = x.shape[0]
@@ -54,7 +56,8 @@ def model_projections(model) -> list:
 
 def time_candidates(layers: list, rows: list[int], repeats: int, seed: int = 0) -> list[dict]:
     """``[{rows, <candidate>_ms, <candidate>_max_abs_diff}]``: median ms of one pass over ``layers``
-    at each row count; inputs ``[rows, in_features]`` drawn once per row count."""
+    at each row count, and the deviation from ``F.linear`` on the last layer; inputs
+    ``[rows, in_features]`` drawn once per row count."""
     gen = torch.Generator().manual_seed(seed)
     results = []
     for num_rows in rows:
@@ -87,17 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from services.decoder.model.llama import LlamaModel
     from services.decoder.model.loader import load_model
-    from services.decoder.model.model_store import default_model_path
+    from services.decoder.model.model_store import resolve_model_path
 
     torch.set_num_threads(args.threads)
-    loaded = load_model(default_model_path())
-    model = LlamaModel(loaded.config, loaded.weights)
-    rows = time_candidates(model_projections(model), [int(r) for r in args.rows.split(",")], args.repeats)
+    loaded = load_model(resolve_model_path(None))
+    projections = model_projections(LlamaModel(loaded.config, loaded.weights))
+    rows = time_candidates(projections, [int(r) for r in args.rows.split(",")], args.repeats)
     for r in rows:
         print(f"rows {r['rows']:3d}: " + "  ".join(f"{n} {r[f'{n}_ms']:6.1f} ms" for n in CANDIDATES))
     path = write_json(results_dir() / f"{args.name}.json",
                       {"benchmark": "linear_rows", "machine": machine_info(), "model": str(loaded.source),
-                       "weight_bytes": sum(lyr.weight_bytes for lyr in model_projections(model)),
+                       "weight_bytes": sum(lyr.weight_bytes for lyr in projections),
                        "threads": args.threads, "repeats": args.repeats, "rows": rows})
     print(f"wrote {path}")
     return 0
