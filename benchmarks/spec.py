@@ -114,7 +114,7 @@ class SettingRun:
                        max_model_len=min(capacity, loaded.config.max_position_embeddings),
                        **(SPARSE if attention == "sparse" else {}))
         self.params = SamplingParams(max_tokens=max_tokens)
-        # warm-up: builds the packed-GEMM weights for the row counts verify steps use (lazy, see model/linear.py)
+        # warm-up: builds the weight copies of the GEMM kernels verify steps use (lazy, see model/linear.py)
         self.llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))
         self.rates: list[float] = []
         self.accepted = self.verify_steps = 0

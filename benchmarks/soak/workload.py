@@ -199,8 +199,8 @@ def warm_up(url: str, cfg: SoakConfig) -> float:
 
     with ThreadPoolExecutor(cfg.max_num_seqs) as pool:
         list(pool.map(one, range(cfg.max_num_seqs)))
-    # one step of 3-8, 9-16, 17-32 and 33-64 rows each: on CPU the decoder builds an MKL packed copy
-    # of its weights (~420 MiB) per row bucket on first use (services/decoder/model/linear.py)
+    # one step of 3-8, 9-16, 17-32 and 33-64 rows each: on CPU a GEMM kernel may build a re-laid-out
+    # copy of the weights (~420 MiB; MKL packs: one per row bucket) on first use (services/decoder/model/linear.py)
     for rows in (6, 12, 24, 48):
         httpx.post(f"{url}/v1/completions", timeout=600, json={
             "model": MODEL, "prompt": list(range(1000, 1000 + rows)), "max_tokens": 1}).raise_for_status()

@@ -69,7 +69,10 @@ class DecoderConfig(BaseSettings):
     promote_pages_per_step: int = Field(64, gt=0, description="pages fetched per step for promotions (transfer budget)")
     decoder_id: str = Field("decoder-0", description="this decoder's identity towards kvtier and Redis")
     model_id: str = Field("SmolLM2-135M-Instruct", description="model id announced to kvtier and clients")
-    packed_gemm: bool = Field(True, description="CPU fp32: MKL packed GEMM for 3-64-row batches (see model/linear.py)")
+    gemm_kernels: Literal["measured", "default"] = Field(
+        "measured", description="the projections' CPU GEMM kernel per row count: measured on the model's weights once "
+        "per machine and cached (model/gemm_plan.py), or default (F.linear; oneDNN for bf16)"
+    )
     num_threads: int | None = Field(None, gt=0, description="torch intra-op threads; None = torch default")
     device: str = Field(
         "cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$",

@@ -3,25 +3,31 @@ positions. Exact choices against hand-computed or brute-force optima."""
 
 import pytest
 
-from services.decoder.engine.step_profile import PROFILE_TOKENS
-from services.decoder.model.linear import MIN_PACKED_ROWS, PACK_BUCKETS_ROWS, padded_rows
+import torch
+
+from services.decoder.engine.step_profile import PROFILE_TOKENS, step_pads
+from services.decoder.model.gemm_plan import GemmPlan
+from services.decoder.model.linear import PACK_BUCKETS_ROWS, Linear, pack_bucket
 from services.decoder.spec.verify_budget import CostTable, choose_draft_lengths, choose_draft_plan, expected_committed
 
 FP32_MS = (10.0, 10.0, 10.0, 10.0, 10.0, 13.0, 30.0, 60.0)  # at PROFILE_TOKENS: the 8-row pack is 4 rows' cost
-PADDED = CostTable(PROFILE_TOKENS, tuple(ms / 1e3 for ms in FP32_MS), PACK_BUCKETS_ROWS, MIN_PACKED_ROWS)
+# the Intel AMX machine's plan: plain sgemm at 1-3 rows, MKL packs at 4-64
+PACKS_PLAN = GemmPlan((3, 64, 128), ("f_linear", "mkl_pack", "f_linear"))
+PADDED = CostTable(PROFILE_TOKENS, tuple(ms / 1e3 for ms in FP32_MS),
+                   step_pads(Linear(torch.zeros(4, 4), plan=PACKS_PLAN), PROFILE_TOKENS))
 LINEAR = CostTable(PROFILE_TOKENS, PADDED.seconds)  # the same points read as a smooth curve
 
 
 def test_the_padded_table_prices_a_count_at_the_bucket_the_gemm_runs():
     for count in range(1, 90):
-        assert PADDED.padded(count) == padded_rows(count)
+        assert PADDED.padded(count) == (pack_bucket(count) or count)
     assert PADDED.seconds_at(9) == PADDED.seconds_at(16) == pytest.approx(0.013)
     assert PADDED.seconds_at(17) == pytest.approx(0.030)
     assert LINEAR.seconds_at(12) == pytest.approx(0.0115)  # what interpolation would have charged
     assert PADDED.seconds_at(3) == pytest.approx(0.010)
     assert PADDED.seconds_at(96) == pytest.approx(0.090)  # beyond the packs: the last slope
     with pytest.raises(ValueError):
-        CostTable((1, 8), (0.01, 0.02), (8, 16), 4)  # a bucket that was not profiled
+        CostTable((1, 8), (0.01, 0.02), ((5, 8), (12, 16)))  # a bucket that was not profiled
 
 
 def _true_rate(lengths, p, base):

@@ -71,7 +71,7 @@ class Engine:
                 f"max_model_len={self.max_model_len} exceeds the model's trained context of {trained_len} "
                 "tokens; set allow_long_context=True to run past it (outputs degrade: throughput tests only)"
             )
-        self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.packed_gemm,
+        self.model = LlamaModel(loaded.config, loaded.weights, self.config.torch_dtype, self.config.gemm_kernels,
                                 max_positions=max(self.max_model_len, trained_len), device=self.config.device,
                                 gemm_dtype=self.config.torch_gemm_dtype)
         mc = loaded.config

@@ -11,18 +11,17 @@ import time
 from services.decoder.engine.sampling_params import SamplingParams
 from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.model.attention import AttentionWork
-from services.decoder.model.linear import MIN_PACKED_ROWS, PACK_BUCKETS_ROWS
 from services.decoder.spec.drafter import DraftRequest
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
 
-PROFILE_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64)  # 3: the last row count before the packed GEMM's 8-row pad
+PROFILE_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64)  # 8 .. 64: the MKL packs' buckets, should the GEMM plan pad to them
 PROFILE_DRAFT_REQUESTS = (1, 4, 16)
 # step sizes at which a sparse engine's page-list attention is timed (the same request, every
 # token forced through its own selection): its line's fixed part and slope
 PAGE_LIST_PROFILE_TOKENS = (1, 4, 16, 64)
-# drafter calls that build every packed-GEMM bucket (model/linear.py: 8 .. 64 rows) of its block
-# (8 rows per request) and head (up to 7 per request) before anything is timed, while serving
-# never: a draft call must not be priced at a pack build
+# drafter calls that build every weight copy its kernels use (model/linear.py: MKL packs of 8 ..
+# 64 rows, oneDNN's) for its block (8 rows per request) and head (up to 7 per request) before
+# anything is timed, while serving never: a draft call must not be priced at a pack build
 PACK_WARMUP_REQUESTS = (1, 2, 4, 8, 16)
 
 
@@ -98,12 +97,18 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
         if engine.host_tier is not None:
             engine.host_tier.flush()
     counts = PROFILE_TOKENS[: len(seconds)]
-    padded = engine.model.lm_head.packed_path == "mkl-fp32-packs"  # every projection takes the same path
-    buckets = tuple(b for b in PACK_BUCKETS_ROWS if b <= counts[-1]) if padded else ()
-    step_costs = CostTable(counts, tuple(_never_less_for_more(seconds)), buckets, MIN_PACKED_ROWS if buckets else 0)
+    step_costs = CostTable(counts, tuple(_never_less_for_more(seconds)), step_pads(engine.model.lm_head, counts))
     return BudgetProfile(step_costs, CostTable(PROFILE_DRAFT_REQUESTS, tuple(draft_seconds)), fetch_s,
                          CostTable(PROFILE_DRAFT_REQUESTS, tuple(s_per_position)), tuple(dense_points),
                          tuple(page_list_points))
+
+
+def step_pads(linear, counts: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """``(count, padded count)`` for the step sizes up to ``counts[-1]`` whose GEMMs run padded
+    (every projection follows the model's one plan, so the LM head speaks for all) and whose
+    padded count was profiled."""
+    pairs = ((n, linear.padded_rows(n)) for n in range(1, counts[-1] + 1))
+    return tuple((n, to) for n, to in pairs if to != n and to in counts)
 
 
 def _median_step(engine, sched: ScheduledRequest, repeats: int) -> tuple[float, AttentionWork]:

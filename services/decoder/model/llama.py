@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 from services.decoder.model.attention import AttentionMetadata, PagedAttention
 from services.decoder.model.config import ModelConfig
+from services.decoder.model.gemm_plan import GemmPlan, apply_plan, plan_for
 from services.decoder.model.linear import Linear
+from services.decoder.model.model_store import cache_dir
 from services.decoder.model.rope import RotaryEmbedding
 
 
@@ -43,7 +45,7 @@ class LlamaModel:
         config: ModelConfig,
         weights: dict[str, torch.Tensor],
         dtype: torch.dtype = torch.float32,
-        packed_gemm: bool = True,
+        gemm_plan: GemmPlan | str = "measured",
         max_positions: int | None = None,
         device: torch.device | str = "cpu",
         gemm_dtype: torch.dtype | None = None,
@@ -53,7 +55,10 @@ class LlamaModel:
         precision their inputs are rounded to, accumulation in fp32 (default: ``dtype``; bf16
         inside an fp32 model runs the oneDNN bf16 path of model/linear.py);
         ``max_positions``: RoPE table length (default: the model's trained context);
-        ``device``: where the weights live (the forward's inputs must be there too)."""
+        ``device``: where the weights live (the forward's inputs must be there too);
+        ``gemm_plan``: the projections' kernel per row count (``model/gemm_plan.py``): a plan,
+        ``"measured"`` (on a CPU: measured on these weights once per machine, cached) or
+        ``"default"`` (``model/linear.default_kernel``)."""
         self.config = config
         self.dtype = dtype
         self.gemm_dtype = gemm_dtype or dtype
@@ -70,7 +75,7 @@ class LlamaModel:
 
         self.embed_tokens = w("model.embed_tokens.weight")  # [vocab, hidden]
         lm_head = self.embed_tokens if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.lm_head = Linear(to_device(lm_head, self.gemm_dtype), packed_gemm=packed_gemm)  # tied + same dtype: shared
+        self.lm_head = Linear(to_device(lm_head, self.gemm_dtype))  # tied + same dtype: shared
         self.final_norm = w("model.norm.weight")
         self.layers: list[LayerWeights] = []
         for i in range(config.num_layers):
@@ -82,17 +87,33 @@ class LlamaModel:
             self.layers.append(
                 LayerWeights(
                     input_norm=w(p + "input_layernorm.weight"),
-                    qkv=Linear(proj(*(n + ".weight" for n in qkv_names)), bias, packed_gemm),
+                    qkv=Linear(proj(*(n + ".weight" for n in qkv_names)), bias),
                     q_norm=w(p + "self_attn.q_norm.weight") if config.qk_norm else None,
                     k_norm=w(p + "self_attn.k_norm.weight") if config.qk_norm else None,
-                    o_proj=Linear(proj(p + "self_attn.o_proj.weight"), packed_gemm=packed_gemm),
+                    o_proj=Linear(proj(p + "self_attn.o_proj.weight")),
                     post_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=Linear(proj(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"), packed_gemm=packed_gemm),
-                    down=Linear(proj(p + "mlp.down_proj.weight"), packed_gemm=packed_gemm),
+                    gate_up=Linear(proj(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                    down=Linear(proj(p + "mlp.down_proj.weight")),
                 )
             )
         self.rope = RotaryEmbedding(config, dtype, max_positions, self.device)
         self.scale = config.head_dim**-0.5
+        self.gemm_plan: GemmPlan | None = None
+        if isinstance(gemm_plan, GemmPlan):
+            self.gemm_plan = gemm_plan
+        elif gemm_plan == "measured":
+            if self.device.type == "cpu":
+                self.gemm_plan = plan_for(self.projections, cache_dir() / "gemm_plans")
+        elif gemm_plan != "default":
+            raise ValueError(f"gemm_plan must be a GemmPlan, 'measured' or 'default', not {gemm_plan!r}")
+        if self.gemm_plan is not None:
+            apply_plan(self.projections, self.gemm_plan)
+
+    @property
+    def projections(self) -> list[Linear]:
+        """Every projection in the order a step runs them (the LM head last)."""
+        out = [lin for layer in self.layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        return out + [self.lm_head]
 
     @property
     def weight_bytes_per_step(self) -> int:

@@ -11,7 +11,7 @@ step's requests, since each verified token costs every request step time); for o
 where p_i is the probability that draft position i survives given its prefix did (the drafter's
 confidence; the n-gram drafter has none, so p_i = a, the request's running survival estimate),
 ``step_s`` is the engine's measured step time at ``T`` batch tokens (a table profiled at
-start-up, interpolated; a count that the fp32 GEMMs pad up to a packed bucket costs that
+start-up, interpolated; a count that the GEMM plan pads up to an MKL pack's bucket costs that
 bucket; ``T`` = the step's other tokens + 1) plus the attention of its query tokens, priced
 per key row each reads (``spec/attention_costs.py``: a position 4K tokens into a document
 costs more than one 300 tokens into a chat), and ``fetch_s(k)`` is what nobody
@@ -34,7 +34,6 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from services.decoder.model.linear import padded_rows
 
 
 @dataclass(frozen=True)
@@ -44,21 +43,21 @@ class CostTable:
 
     counts: tuple[int, ...]
     seconds: tuple[float, ...]
-    # counts the step's matmuls pad up to a bucket (fp32 MKL packs, ``model/linear.padded_rows``):
-    # ``pad_buckets`` ascending, padding counts from ``pad_from`` on; each bucket must be a count.
-    # Such a count costs what its bucket costs: 9 verified tokens cost the 16-row GEMM, which
+    # counts whose matmuls run padded (MKL packs, ``model/linear.pack_bucket``, where the GEMM plan
+    # picks them): ``(count, padded count)`` pairs, each padded count a profiled count. Such a count
+    # costs what its padded count costs: 9 verified tokens cost the 16-row GEMM, which
     # interpolating between 8 and 16 would price at about half of the way up
-    pad_buckets: tuple[int, ...] = ()
-    pad_from: int = 0
+    pads: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.counts or len(self.counts) != len(self.seconds) or list(self.counts) != sorted(set(self.counts)):
             raise ValueError("counts must be strictly ascending and match seconds one to one")
-        if not set(self.pad_buckets) <= set(self.counts):
-            raise ValueError(f"pad buckets {self.pad_buckets} must be profiled counts")
+        if not {to for _, to in self.pads} <= set(self.counts):
+            raise ValueError(f"padded counts {sorted({to for _, to in self.pads})} must be profiled counts")
+        object.__setattr__(self, "_pad_to", dict(self.pads))
 
     def padded(self, count: int) -> int:
-        return padded_rows(count, self.pad_buckets, self.pad_from)
+        return self._pad_to.get(count, count)
 
     def seconds_at(self, count: int) -> float:
         """The padded count's seconds: linear interpolation; beyond the last point, the last

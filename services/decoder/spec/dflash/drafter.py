@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from services.decoder.model.gemm_plan import GemmPlan
 from services.decoder.model.linear import Linear
 from services.decoder.spec.dflash.checkpoint import (
     load_checkpoint,
@@ -50,19 +51,28 @@ def shipped_checkpoint(kind: str) -> Path:
 
 class DFlashDrafter(Drafter):
     def __init__(self, net: DraftNet, embed: torch.Tensor, lm_head: torch.Tensor, vocab: torch.Tensor | None = None,
-                 gemm_dtype: torch.dtype | None = None):
+                 gemm_dtype: torch.dtype | None = None, gemm_plan: GemmPlan | None = None,
+                 target_head: Linear | None = None):
         """``embed: [V, H]`` and ``lm_head: [V, H]``: the target's (shared, not copied). With a
         draft vocabulary ``vocab: [N]`` the drafter keeps a copy of just those head rows.
-        ``gemm_dtype``: the draft layers' matmul precision (the target's, see ``LlamaModel``)."""
+        ``gemm_dtype``: the draft layers' matmul precision (the target's, see ``LlamaModel``);
+        ``gemm_plan``: their kernel per row count (the target's: the same CPU and input widths);
+        ``target_head``: the target's LM head ``Linear`` (over ``lm_head``), which the drafter then
+        shares without a draft vocabulary instead of keeping a second set of its kernels' copies."""
         self.net = net
-        pack_linears(net, gemm_dtype)  # a block's rows through the packed GEMM (served, not trained, here)
+        pack_linears(net, gemm_dtype, gemm_plan)  # a block's rows through the planned kernels (served, not trained, here)
         self.cfg = net.cfg
         self.name = net.cfg.kind
         self.has_confidences = net.confidence_head is not None  # DSpark
         self.embed = embed
         self.vocab = vocab
         self.lm_head = lm_head if vocab is None else lm_head[vocab].contiguous()
-        self.head = Linear(self.lm_head)  # packed GEMM for a block's rows (model/linear.py)
+        if vocab is None and target_head is not None:
+            if target_head.weight is not lm_head:
+                raise ValueError("target_head must be the Linear over lm_head")
+            self.head = target_head
+        else:
+            self.head = Linear(self.lm_head, plan=gemm_plan)
         markov = net.markov_head
         with torch.no_grad():  # the Markov head's successor rows of the draft vocabulary, gathered once
             self.successors = None if markov is None or vocab is None else markov.successor_codebook[vocab].contiguous()
@@ -80,7 +90,7 @@ class DFlashDrafter(Drafter):
         cfg = target.config
         net.cfg.check_target(cfg.num_layers, cfg.hidden_size, cfg.vocab_size)
         drafter = cls(net, target.embed_tokens, target.lm_head.weight, read_draft_vocab(directory, cfg.vocab_size),
-                      target.gemm_dtype)
+                      target.gemm_dtype, target.gemm_plan, target.lm_head)
         heldout = read_heldout_acceptance_length(directory)
         if heldout is not None:
             try:

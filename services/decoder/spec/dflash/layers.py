@@ -47,19 +47,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 class PackedLinear(nn.Module):
     """An ``nn.Linear`` (bias-free) for serving: same parameter name and tensor, but a call
-    without autograd goes through the decoder's packed-GEMM ``Linear`` (``model/linear.py``: a
-    block's 8 rows per request cost about what one row does, where plain sgemm pays ~2.4x).
-    The packs are rebuilt whenever the weight changed in place (its version counter moved), and
+    without autograd goes through the decoder's ``Linear`` (``model/linear.py``) with the kernel
+    that ``gemm_plan`` (``model/gemm_plan.py``; None: the default kernel) picks for the call's
+    rows: a block's 8 rows per request cost about what one row does, where plain sgemm may pay
+    2-4x. The weight copies are rebuilt whenever the weight changed in place (its version counter moved), and
     a call that needs gradients takes ``F.linear``, so training through it stays exact.
     ``gemm_dtype`` (e.g. bf16): the fast path's copy of the weight is in that dtype, inputs are
     rounded to it and results come back in the input's dtype (model/linear.py)."""
 
-    def __init__(self, linear: nn.Linear, gemm_dtype: torch.dtype | None = None):
+    def __init__(self, linear: nn.Linear, gemm_dtype: torch.dtype | None = None, gemm_plan=None):
         super().__init__()
         if linear.bias is not None:
             raise ValueError("PackedLinear wraps bias-free layers only")
         self.weight = linear.weight
         self.gemm_dtype = gemm_dtype or linear.weight.dtype
+        self.gemm_plan = gemm_plan
         self._fast: Linear | None = None
         self._version = -1
 
@@ -67,19 +69,19 @@ class PackedLinear(nn.Module):
         if torch.is_grad_enabled() and self.weight.requires_grad:
             return F.linear(x, self.weight)
         if self._fast is None or self._version != self.weight._version:
-            self._fast = Linear(self.weight.detach().to(self.gemm_dtype))
+            self._fast = Linear(self.weight.detach().to(self.gemm_dtype), plan=self.gemm_plan)
             self._version = self.weight._version
         return self._fast(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.weight.shape[0])
 
 
-def pack_linears(module: nn.Module, gemm_dtype: torch.dtype | None = None) -> None:
+def pack_linears(module: nn.Module, gemm_dtype: torch.dtype | None = None, gemm_plan=None) -> None:
     """Replaces every bias-free ``nn.Linear`` inside ``module`` by a ``PackedLinear`` (in place;
     the state dict's names and tensors stay the same)."""
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear) and child.bias is None:
-            setattr(module, name, PackedLinear(child, gemm_dtype))
+            setattr(module, name, PackedLinear(child, gemm_dtype, gemm_plan))
         else:
-            pack_linears(child, gemm_dtype)
+            pack_linears(child, gemm_dtype, gemm_plan)
 
 
 class DraftAttention(nn.Module):

@@ -1,0 +1,164 @@
+"""Which GEMM kernel (``model/linear.py``) the model's projections run at each row count, measured
+on this machine with the model's own weights.
+
+``measure_plan`` times one pass over all the given ``Linear``s (weights streamed from DRAM, as in
+a step) per kernel at each count of ``PLAN_ROWS``, kernels interleaved round by round, and keeps
+the fastest median (kernels far behind after one round drop out). A count between two grid points takes the kernel of the next point up; a
+count beyond the grid that of its last point (``128``, where MKL packs do not go).
+
+``plan_for`` memoises the plan per process and on disk under ``cache_dir()/gemm_plans/``, keyed by
+the CPU (model name, flags, cores), torch version, intra-op threads, dtype and the weights'
+shapes: the first process on a machine pays the measurement (a few seconds for SmolLM2-135M),
+every later one reads it, and all pick the same kernels (a kernel choice changes fp32 sums in
+their last bits, so a per-process choice could flip a near-tie between runs). Delete the file to
+measure again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from services.decoder.model.linear import KERNELS, MIN_PACKED_ROWS, PACK_BUCKETS_ROWS, Linear, available_kernels, pack_bucket
+
+log = logging.getLogger(__name__)
+
+PLAN_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+PLAN_REPEATS = 3
+KEEP_WITHIN = 1.5  # a kernel slower than this x the fastest in the first timed round is not timed again
+_MEMO: dict[str, GemmPlan] = {}
+
+
+def packs_serve(rows: tuple[int, ...], i: int) -> bool:
+    """Whether MKL packs can run every count that grid point ``i`` of ``rows`` serves (those above
+    the previous point up to ``rows[i]``; the last point serves every larger count too)."""
+    lowest = rows[i - 1] + 1 if i else 1
+    return i < len(rows) - 1 and pack_bucket(lowest) is not None and pack_bucket(rows[i]) is not None
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    rows: tuple[int, ...]  # ascending grid of row counts
+    kernels: tuple[str, ...]  # the kernel chosen at each
+    ms: tuple[dict[str, float], ...] = ()  # per grid point: each candidate's median ms per pass (for logs and benchmarks)
+
+    def __post_init__(self) -> None:
+        if not self.rows or len(self.rows) != len(self.kernels) or list(self.rows) != sorted(set(self.rows)):
+            raise ValueError("a GEMM plan needs strictly ascending rows, one kernel each")
+        if unknown := set(self.kernels) - set(KERNELS):
+            raise ValueError(f"unknown GEMM kernels {sorted(unknown)} (known: {', '.join(KERNELS)})")
+        for i, kernel in enumerate(self.kernels):
+            if kernel == "mkl_pack" and not packs_serve(self.rows, i):
+                lowest = self.rows[i - 1] + 1 if i else 1
+                raise ValueError(f"MKL packs serve {MIN_PACKED_ROWS}-{PACK_BUCKETS_ROWS[-1]} rows, not "
+                                 f"{lowest}-{self.rows[i]}{' and beyond' if i == len(self.rows) - 1 else ''}")
+
+    def kernel(self, num_rows: int) -> str:
+        return self.kernels[min(bisect.bisect_left(self.rows, num_rows), len(self.rows) - 1)]
+
+    def describe(self) -> str:
+        """``1:onednn 2:mm_w_xt ...``: the choice at each grid point."""
+        return " ".join(f"{r}:{k}" for r, k in zip(self.rows, self.kernels))
+
+    def to_json(self) -> dict:
+        return {"rows": list(self.rows), "kernels": list(self.kernels), "ms": list(self.ms)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> GemmPlan:
+        return cls(tuple(data["rows"]), tuple(data["kernels"]), tuple(data.get("ms", ())))
+
+
+def measure_plan(linears: list[Linear], rows: tuple[int, ...] = PLAN_ROWS, repeats: int = PLAN_REPEATS) -> GemmPlan:
+    """Times every kernel that can run all of ``linears`` at each count in ``rows`` (one pass over
+    ``linears`` per timing, inputs ``[rows, in_features]`` of the weights' dtype; an untimed pass
+    first where a kernel's weight copies are not built yet) and picks the fastest median over
+    ``repeats`` rounds; after the first round only kernels within ``KEEP_WITHIN`` of its fastest
+    run again."""
+    gen = torch.Generator().manual_seed(0)
+    chosen, timings = [], []
+    for i, num_rows in enumerate(rows):
+        runnable = set.intersection(*(set(available_kernels(lin.weight, num_rows)) for lin in linears))
+        if not packs_serve(rows, i):
+            runnable.discard("mkl_pack")
+        kernels = [k for k in available_kernels(linears[0].weight, num_rows) if k in runnable]  # stable order
+        inputs = {n: torch.randn(num_rows, n, generator=gen).to(linears[0].weight.dtype)
+                  for n in {lin.weight.shape[1] for lin in linears}}
+
+        def one_pass(kernel: str) -> float:
+            start = time.perf_counter()
+            with torch.inference_mode():
+                for lin in linears:
+                    lin.run(inputs[lin.weight.shape[1]], kernel)
+            return time.perf_counter() - start
+
+        for k in kernels:  # untimed: the first call builds a kernel's weight copies
+            if any(lin.needs_build(k, num_rows) for lin in linears):
+                one_pass(k)
+        seconds = {k: [one_pass(k)] for k in kernels}
+        best = min(s[0] for s in seconds.values())
+        survivors = [k for k in kernels if seconds[k][0] <= KEEP_WITHIN * best]  # the rest cannot win
+        for _ in range(repeats - 1):
+            for k in survivors:
+                seconds[k].append(one_pass(k))
+        ms = {k: round(statistics.median(s) * 1e3, 3) for k, s in seconds.items()}
+        chosen.append(min(survivors, key=ms.__getitem__))
+        timings.append(ms)
+    return GemmPlan(tuple(rows), tuple(chosen), tuple(timings))
+
+
+def apply_plan(linears: list[Linear], plan: GemmPlan) -> None:
+    """Every ``Linear`` follows ``plan``; weight copies of kernels the plan never runs are freed."""
+    used = set(plan.kernels)
+    for lin in linears:
+        lin.plan = plan
+        lin.drop_packs(used)
+
+
+def plan_key(linears: list[Linear]) -> str:
+    """What a plan depends on: the CPU, torch, threads, dtype and the weights' shapes."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        cpu = "".join(sorted(set(lines)))
+    except OSError:
+        cpu = platform.processor()
+    parts = [cpu, str(os.cpu_count()), torch.__version__, str(torch.get_num_threads()), str(linears[0].weight.dtype),
+             str(linears[0].weight.device), ";".join(str(tuple(lin.weight.shape)) for lin in linears)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def plan_for(linears: list[Linear], cache_dir: Path | None = None) -> GemmPlan:
+    """The plan for ``linears`` on this machine: memoised, else read from ``cache_dir`` (None: no
+    disk cache), else measured (and written there)."""
+    key = plan_key(linears)
+    if key in _MEMO:
+        return _MEMO[key]
+    path = None if cache_dir is None else Path(cache_dir) / f"{key}.json"
+    plan = None
+    if path is not None and path.exists():
+        try:
+            plan = GemmPlan.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring unreadable GEMM plan %s (%s); measuring again", path, exc)
+    if plan is None:
+        start = time.perf_counter()
+        plan = measure_plan(linears)
+        log.info("measured the GEMM plan in %.1f s: %s", time.perf_counter() - start, plan.describe())
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(plan.to_json(), indent=1))
+            tmp.replace(path)  # atomic: concurrent first processes each write a whole plan
+    _MEMO[key] = plan
+    return plan
