@@ -20,22 +20,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.machine import machine_info, results_dir, write_json
+from services.decoder.model.gemm_plan import pass_inputs, pass_seconds
 from services.decoder.model.linear import KERNELS, available_kernels
 
 CANDIDATES = ("planned", *KERNELS)
 
 
-def _runner(name: str):
-    """``(layer, x) -> y`` for a candidate."""
-    if name == "planned":
-        return lambda layer, x: layer(x)
-    return lambda layer, x: layer.run(x, name)
+def _kernel(name: str) -> str | None:
+    """The kernel a candidate runs (None: the layer's own plan)."""
+    return None if name == "planned" else name
 
 
 def time_candidates(layers: list, rows: list[int], repeats: int, seed: int = 0) -> list[dict]:
@@ -45,26 +43,17 @@ def time_candidates(layers: list, rows: list[int], repeats: int, seed: int = 0) 
     gen = torch.Generator().manual_seed(seed)
     results = []
     for num_rows in rows:
-        inputs = {n: torch.randn(num_rows, n, generator=gen) for n in {lyr.weight.shape[1] for lyr in layers}}
+        inputs = pass_inputs(layers, num_rows, gen)
         row = {"rows": num_rows}
         runnable = set.intersection(*(set(available_kernels(lyr.weight, num_rows)) for lyr in layers)) | {"planned"}
         for name in (c for c in CANDIDATES if c in runnable):
-            fn = _runner(name)
-
-            def one_pass(fn=fn):
-                with torch.inference_mode():
-                    for lyr in layers:
-                        fn(lyr, inputs[lyr.weight.shape[1]])
-            one_pass()  # warm-up: weight copies built, pages touched
-            seconds = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                one_pass()
-                seconds.append(time.perf_counter() - start)
-            row[f"{name}_ms"] = statistics.median(seconds) * 1e3
+            kernel = _kernel(name)
+            pass_seconds(layers, inputs, kernel)  # warm-up: weight copies built, pages touched
+            row[f"{name}_ms"] = statistics.median(pass_seconds(layers, inputs, kernel) for _ in range(repeats)) * 1e3
             probe = layers[-1]
             x = inputs[probe.weight.shape[1]]
-            row[f"{name}_max_abs_diff"] = float((fn(probe, x) - F.linear(x, probe.weight, probe.bias)).abs().max())
+            y = probe(x) if kernel is None else probe.run(x, kernel)
+            row[f"{name}_max_abs_diff"] = float((y - F.linear(x, probe.weight, probe.bias)).abs().max())
         results.append(row)
     return results
 

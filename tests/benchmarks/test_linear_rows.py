@@ -4,7 +4,7 @@ and each runs only where it can (MKL packs at 4-64 rows)."""
 import torch
 import torch.nn.functional as F
 
-from benchmarks.linear_rows import CANDIDATES, _runner, time_candidates
+from benchmarks.linear_rows import CANDIDATES, _kernel, time_candidates
 from services.decoder.model.linear import Linear
 
 
@@ -14,9 +14,10 @@ def test_every_candidate_is_the_same_product_and_each_row_count_is_timed():
                                                                  bias=torch.randn(32, generator=gen))]
     x = torch.randn(5, 48, generator=gen)
     for name in CANDIDATES:
-        fn = _runner(name)
-        torch.testing.assert_close(fn(layers[0], x), F.linear(x, layers[0].weight), msg=name)
-        torch.testing.assert_close(fn(layers[1], x), F.linear(x, layers[1].weight, layers[1].bias), msg=name)
+        kernel = _kernel(name)
+        for layer in layers:
+            y = layer(x) if kernel is None else layer.run(x, kernel)
+            torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), msg=name)
     rows = time_candidates(layers, [1, 5], repeats=2)
     assert [r["rows"] for r in rows] == [1, 5]
     assert "mkl_pack_ms" not in rows[0] and rows[1]["mkl_pack_ms"] > 0  # no pack serves one row

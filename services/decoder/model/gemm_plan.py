@@ -3,8 +3,9 @@ on this machine with the model's own weights.
 
 ``measure_plan`` times one pass over all the given ``Linear``s (weights streamed from DRAM, as in
 a step) per kernel at each count of ``PLAN_ROWS``, kernels interleaved round by round, and keeps
-the fastest median (kernels far behind after one round drop out). A count between two grid points takes the kernel of the next point up; a
-count beyond the grid that of its last point (``128``, where MKL packs do not go).
+the fastest median (kernels far behind after one round drop out). A count between two grid
+points takes the kernel of the next point up; a count beyond the grid that of its last point
+(``128``, where MKL packs do not go).
 
 ``plan_for`` memoises the plan per process and on disk under ``cache_dir()/gemm_plans/``, keyed by
 the CPU (model name, flags, cores), torch version, intra-op threads, dtype and the weights'
@@ -17,6 +18,7 @@ measure again.
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import logging
@@ -90,16 +92,11 @@ def measure_plan(linears: list[Linear], rows: tuple[int, ...] = PLAN_ROWS, repea
         runnable = set.intersection(*(set(available_kernels(lin.weight, num_rows)) for lin in linears))
         if not packs_serve(rows, i):
             runnable.discard("mkl_pack")
-        kernels = [k for k in available_kernels(linears[0].weight, num_rows) if k in runnable]  # stable order
-        inputs = {n: torch.randn(num_rows, n, generator=gen).to(linears[0].weight.dtype)
-                  for n in {lin.weight.shape[1] for lin in linears}}
+        kernels = [k for k in KERNELS if k in runnable]
+        inputs = pass_inputs(linears, num_rows, gen)
 
         def one_pass(kernel: str) -> float:
-            start = time.perf_counter()
-            with torch.inference_mode():
-                for lin in linears:
-                    lin.run(inputs[lin.weight.shape[1]], kernel)
-            return time.perf_counter() - start
+            return pass_seconds(linears, inputs, kernel)
 
         for k in kernels:  # untimed: the first call builds a kernel's weight copies
             if any(lin.needs_build(k, num_rows) for lin in linears):
@@ -116,6 +113,23 @@ def measure_plan(linears: list[Linear], rows: tuple[int, ...] = PLAN_ROWS, repea
     return GemmPlan(tuple(rows), tuple(chosen), tuple(timings))
 
 
+def pass_inputs(linears: list[Linear], num_rows: int, gen: torch.Generator) -> dict[int, torch.Tensor]:
+    """One random input ``[num_rows, in_features]`` in the weights' dtype per input width of ``linears``."""
+    return {n: torch.randn(num_rows, n, generator=gen).to(linears[0].weight.dtype)
+            for n in {lin.weight.shape[1] for lin in linears}}
+
+
+def pass_seconds(linears: list[Linear], inputs: dict[int, torch.Tensor], kernel: str | None) -> float:
+    """Seconds of one pass over ``linears`` in order (as a step runs them) through ``kernel``
+    (None: each one's own plan), each on the input of its width."""
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for lin in linears:
+            x = inputs[lin.weight.shape[1]]
+            lin(x) if kernel is None else lin.run(x, kernel)
+    return time.perf_counter() - start
+
+
 def apply_plan(linears: list[Linear], plan: GemmPlan) -> None:
     """Every ``Linear`` follows ``plan``; weight copies of kernels the plan never runs are freed."""
     used = set(plan.kernels)
@@ -124,16 +138,19 @@ def apply_plan(linears: list[Linear], plan: GemmPlan) -> None:
         lin.drop_packs(used)
 
 
-def plan_key(linears: list[Linear]) -> str:
-    """What a plan depends on: the CPU, torch, threads, dtype and the weights' shapes."""
-    cpu = ""
+@functools.cache
+def _cpu_signature() -> str:
+    """The CPU's model name and feature flags (read once per process)."""
     try:
         with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        cpu = "".join(sorted(set(lines)))
+            return "".join(sorted({ln for ln in f if ln.startswith(("model name", "flags"))}))
     except OSError:
-        cpu = platform.processor()
-    parts = [cpu, str(os.cpu_count()), torch.__version__, str(torch.get_num_threads()), str(linears[0].weight.dtype),
+        return platform.processor()
+
+
+def plan_key(linears: list[Linear]) -> str:
+    """What a plan depends on: the CPU, torch, threads, dtype and the weights' shapes."""
+    parts = [_cpu_signature(), str(os.cpu_count()), torch.__version__, str(torch.get_num_threads()), str(linears[0].weight.dtype),
              str(linears[0].weight.device), ";".join(str(tuple(lin.weight.shape)) for lin in linears)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
