@@ -48,6 +48,11 @@ class StepTrace:
             plan = speculator.plan
             if plan is not None:
                 self._current.update(plan_committed=plan.expected_committed, plan_s=plan.seconds, plan_gain=plan.gain)
+            promise = speculator.promise  # the gate's, before the drafter ran (its cost included)
+            if promise is not None:
+                self._current.update(gate_committed=promise.expected_committed, gate_s=promise.seconds,
+                                     gate_gain=promise.gain)
+            self._current["realized_factor"] = speculator.realized.factor
 
         def traced_execute(batch):
             tokens = sum(s.num_query_tokens for s in batch)

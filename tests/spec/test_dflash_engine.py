@@ -67,9 +67,12 @@ def test_greedy_block_drafting_is_lossless(loaded_model, prompts, checkpoints, p
 
 def test_the_draft_context_holds_only_committed_features(loaded_model, prompts, checkpoints):
     """A run with many rejections and a run that never drafts give the drafter the same context
-    (same positions, same keys/values up to GEMM rounding): rejected rows never reach it."""
-    spec = LLM(loaded=loaded_model, spec="dflash", spec_tokens=7, draft_model=checkpoints["dflash"]).engine
-    still = LLM(loaded=loaded_model, spec="dflash", spec_tokens=7, draft_model=checkpoints["dflash"]).engine
+    (same positions, same keys/values up to GEMM rounding): rejected rows never reach it. The
+    drafters run fp32 matmuls: what this checks is which rows the context holds, and fp32 rounding
+    keeps the bound on how a row's values may differ tight (bf16 inputs differ by up to ~1e-2)."""
+    fields = dict(spec="dflash", spec_tokens=7, draft_model=checkpoints["dflash"], draft_gemm_dtype="float32")
+    spec = LLM(loaded=loaded_model, **fields).engine
+    still = LLM(loaded=loaded_model, **fields).engine
     still.speculator.drafter.propose_batch = lambda asks: [Draft([]) for _ in asks]
     params = SamplingParams(max_tokens=200, ignore_eos=True)
     sid = spec.add_request(prompts[0], params)
@@ -94,3 +97,21 @@ def test_sampled_block_drafting_is_reproducible(loaded_model, prompts, checkpoin
             for _ in range(2)]
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
     assert all(len(o.token_ids) == 24 for o in runs[0])
+
+
+@pytest.mark.parametrize("option", ["auto", "float32", "bfloat16"])
+def test_the_drafters_matmul_precision_follows_the_config(loaded_model, checkpoints, option):
+    """``draft_gemm_dtype``: the draft layers' and head's matmuls run in it (auto: bf16 where
+    oneDNN runs bf16 kernels); the target's LM head is shared only in the target's precision."""
+    from services.decoder.model.linear import onednn_bf16_supported
+    from services.decoder.spec.dflash.layers import PackedLinear
+
+    engine = LLM(loaded=loaded_model, spec="dflash", draft_model=checkpoints["dflash"],
+                 draft_gemm_dtype=option).engine
+    drafter = engine.speculator.drafter
+    bf16 = option == "bfloat16" or (option == "auto" and onednn_bf16_supported())
+    want = torch.bfloat16 if bf16 else torch.float32
+    packed = [m for m in drafter.net.modules() if isinstance(m, PackedLinear)]
+    assert packed and {m.gemm_dtype for m in packed} == {want}
+    assert drafter.head.weight.dtype == want
+    assert (drafter.head is engine.model.lm_head) == (not bf16)  # no draft vocabulary in this checkpoint

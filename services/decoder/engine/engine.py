@@ -267,8 +267,11 @@ class Engine:
                 sched.request.stats.num_prefill_tokens += sched.num_new_tokens
         output = self.runner.execute(batch)
         if self.speculator is not None:
+            decoded = None
+            if all(s.num_new_tokens == 1 for s in batch):
+                decoded = (len(batch), sum(len(t) for t in output.committed.values()))
             self.speculator.observe_step(sum(s.num_query_tokens for s in batch), time.perf_counter() - now,
-                                         output.attention)
+                                         output.attention, decoded)
         committed = output.committed
         events: list[TokenEvent] = []
         observed: list[tuple[Request, int]] = []  # (request, first position committed this step)

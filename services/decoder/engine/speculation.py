@@ -4,14 +4,18 @@ Every step, each running request that decodes (one pending token) with room left
 drafter for a block; all requests draft in one drafter call. With the adaptive verify budget
 (``spec/verify_budget.py``) the block is cut to the length that maximises expected committed
 tokens per second of step time, from the drafter's per-position confidences (DSpark; mapped
-to the survival rates verification has measured for them, ``ConfidenceCalibration``) or the
+to the survival rates verification has measured for them, ``ConfidenceCalibration``) or, for a
+drafter without them, the pooled survival per draft position (``DepthSurvival``) scaled by the
 request's running acceptance rate, the step costs profiled at start-up, and, for a SPARSE
 request, the host fetches its larger working set costs. Before that, the adaptive budget asks
 whether drafting can pay for the drafter's own forward at all: with each request's running
 survival estimate, the profiled step costs and the profiled drafter cost, the requests for which
 no draft would pay are left out, and when none is left the drafter does not run (those requests'
 estimates drift back towards the drafter's pooled estimate, and the drafter's measured cost
-towards its profile, so they probe again later). A request that drafts is asked for its
+towards its profile, so they probe again later). The gate holds itself to its promises: every
+drafting step reports the tokens it committed and the seconds it took (proposal and target pass)
+against what the gate promised, and a shortfall raises the gain a draft must promise
+(``RealizedGain``). A request that drafts is asked for its
 predicted length + ``LENGTH_HEADROOM`` tokens only: a block drafter then scores only those
 positions, which on a 2-core CPU is what lets one- and two-token drafts pay at concurrency 1.
 
@@ -33,13 +37,16 @@ from collections.abc import Callable
 
 import torch
 
-from services.decoder.config import DecoderConfig
+from services.decoder.config import DTYPES, DecoderConfig
 from services.decoder.engine.request import Request, Residency
 from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.model.attention import AttentionWork
+from services.decoder.model.linear import onednn_bf16_supported
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.attention_costs import PATHS, AttentionCosts
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
+from services.decoder.spec.depth_survival import DepthSurvival
+from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.drafter import (
     LEARNED_DRAFTERS,
     Drafter,
@@ -56,12 +63,20 @@ from services.decoder.spec.verify_budget import (
 )
 
 
+def draft_gemm_dtype(option: str, target_gemm_dtype: torch.dtype) -> torch.dtype:
+    """The drafter's matmul precision for the config option ``draft_gemm_dtype``."""
+    if option == "auto":
+        return torch.bfloat16 if onednn_bf16_supported() else target_gemm_dtype
+    return DTYPES[option]
+
+
 def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
     if config.spec == "ngram":
         return make_drafter("ngram", min_n=config.ngram_min_n, max_n=config.ngram_max_n)
     if config.spec in LEARNED_DRAFTERS:
         checkpoint = config.draft_model or shipped_checkpoint(config.spec)
-        return make_drafter(config.spec, target=target, checkpoint=checkpoint)
+        return make_drafter(config.spec, target=target, checkpoint=checkpoint,
+                            gemm_dtype=draft_gemm_dtype(config.draft_gemm_dtype, target.gemm_dtype))
     return make_drafter(config.spec)
 
 
@@ -92,6 +107,7 @@ class Speculator:
         self.query_key_rows = query_key_rows
         self.attention_costs: AttentionCosts | None = None
         self.acceptance = AcceptanceEstimate(prior=drafter.prior_acceptance, weight=self.POOLED_WEIGHT)
+        self.depth = DepthSurvival(drafter.prior_acceptance, max(spec_tokens, 1))  # pooled survival per position
         self._profile: BudgetProfile | None = None
         self.step_costs: CalibratedCosts | None = None
         self.draft_costs: CalibratedCosts | None = None
@@ -100,6 +116,9 @@ class Speculator:
         self.calibration = ConfidenceCalibration()  # the drafter's confidences vs measured survival
         self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
         self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
+        self.realized = RealizedGain()  # what drafting steps delivered of the gate's promises
+        self._promise: tuple[int, DraftPlan] | None = None  # (requests, the gate's plan) of a step whose drafter ran
+        self._propose_s = 0.0  # the coming step's proposal (deferred context work, drafter call, budget)
 
     @property
     def profile(self) -> BudgetProfile | None:
@@ -111,17 +130,30 @@ class Speculator:
         self._profile = profile
         self.step_costs = None if profile is None else CalibratedCosts(profile.step_costs)
         self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs)
+        self.realized = RealizedGain()  # promises of the new tables
         self.attention_costs = None
         if profile is not None and self.query_key_rows is not None and (
                 profile.dense_attention_points or profile.page_list_attention_points):
             self.attention_costs = AttentionCosts(profile.dense_attention_points, profile.page_list_attention_points)
 
-    def observe_step(self, num_tokens: int, seconds: float, attention: AttentionWork | None = None) -> None:
+    @property
+    def promise(self) -> DraftPlan | None:
+        """The gate's plan for the coming step when its drafter ran (what ``realized`` holds it to)."""
+        return None if self._promise is None else self._promise[1]
+
+    def observe_step(self, num_tokens: int, seconds: float, attention: AttentionWork | None = None,
+                     decoded: tuple[int, int] | None = None) -> None:
         """The target pass of a step: ``num_tokens`` batch tokens took ``seconds``, of which
         ``attention`` (decode / verify attention, host fetches included) is priced per key row
-        and the rest by the step table."""
+        and the rest by the step table. ``decoded``: (requests, tokens committed) of a step in
+        which every request decoded (no prefill chunk); a step whose drafter ran reports it
+        against the gate's promise (``RealizedGain``)."""
         if self.step_costs is None:
             return
+        promise, self._promise = self._promise, None
+        if promise is not None and decoded is not None and decoded[0] == promise[0]:
+            plan = promise[1]
+            self.realized.observe(plan.expected_committed, plan.seconds, decoded[1], seconds + self._propose_s)
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -160,6 +192,7 @@ class Speculator:
         with confidences, their calibration."""
         self.estimate(request).update(num_drafted, num_accepted)
         self.acceptance.update(num_drafted, num_accepted)
+        self.depth.observe(num_drafted, num_accepted)
         confidences = self._confidences.pop(request.request_id, None)
         if confidences:
             self.calibration.observe(confidences[:num_drafted], num_accepted)
@@ -176,18 +209,26 @@ class Speculator:
 
     def propose(self, running: list[Request]) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step."""
+        start = time.perf_counter()
+        self._propose(running)
+        self._propose_s = time.perf_counter() - start
+
+    def _propose(self, running: list[Request]) -> None:
         drafting: list[Request] = []
         max_tokens: list[int] = []
         self.plan = None
+        self._promise = None
         for request in running:
             room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
             if request.num_pending_tokens == 1 and room > 0:
                 drafting.append(request)
                 max_tokens.append(min(self.spec_tokens, room))
         if self.profile is not None and drafting:
-            drafting, max_tokens = self._worth_the_drafter(running, drafting, max_tokens)
+            drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
             if not drafting:
                 self.acceptance.idle()
+            else:
+                self._promise = (len(running), promise)
         if not drafting:
             return
         # token lists only for the requests that draft (a copy of the whole sequence each)
@@ -207,7 +248,7 @@ class Speculator:
         self.num_drafter_calls += 1
         if self.profile is not None:
             plan = self._plan(running, drafting, [self.calibration(d.confidences) if d.confidences
-                                                  else [self.estimate(r).rate] * len(d.tokens)
+                                                  else self._survival(r, len(d.tokens))
                                                   for r, d in zip(drafting, drafts)])
             lengths = plan.lengths
             if any(lengths):
@@ -230,10 +271,14 @@ class Speculator:
         would pay for the drafter's forward, charged once for the call, and limits each to its
         predicted length + ``LENGTH_HEADROOM``: the drafter then scores only those positions
         (its heads run per position), and confidences may still cut the draft or use the
-        headroom."""
+        headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent drafting
+        steps against their promises (``RealizedGain``). Returns the kept requests, their asks and
+        the gate's plan."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
-        predicted = self._plan(running, drafting, [[self._gate_rate(r)] * n for r, n in zip(drafting, max_tokens)],
-                               draft_s, self.MIN_GAIN, self.profile.draft_s_per_position(len(drafting))).lengths
+        plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
+                          draft_s, self.realized.required_gain(self.MIN_GAIN),
+                          self.profile.draft_s_per_position(len(drafting)))
+        predicted = plan.lengths
         for request, length in zip(drafting, predicted):
             if length == 0:
                 self._idle(request)
@@ -241,17 +286,27 @@ class Speculator:
         if not keep:
             self.num_skipped_steps += 1
             self.draft_costs.relax(self.COST_RELAX)
-        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + self.LENGTH_HEADROOM) for i in keep]
+            self.realized.relax(self.COST_RELAX)
+        return ([drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + self.LENGTH_HEADROOM) for i in keep],
+                plan)
 
-    def _gate_rate(self, request: Request) -> float:
-        """The survival the gate predicts a request's draft at. A drafter with confidences says
-        per request, after its call, how far each draft will survive (calibrated), so before the
-        call the gate needs only the drafter's pooled estimate: a request's own running estimate
-        (~10 verify steps of memory) dips below break-even by chance (most one-token DSpark drafts
-        fail at c=1), and gating on it skipped steps where drafting paid (c=1, 4 repeats paired:
-        1.045x vs 1.097x of no speculation, fixed k=2 1.11x). Without confidences (n-gram,
-        DFlash) the request's own estimate is all there is of its text (copy-heavy or not)."""
-        return self.acceptance.rate if self.drafter.has_confidences else self.estimate(request).rate
+    def _gate_survival(self, request: Request, num_positions: int) -> list[float]:
+        """The per-position survival the gate predicts a request's draft at. A drafter with
+        confidences says per request, after its call, how far each draft will survive
+        (calibrated), so before the call the gate needs only the drafter's pooled profile: a
+        request's own running estimate (~10 verify steps of memory) dips below break-even by
+        chance (most one-token DSpark drafts fail at c=1), and gating on it skipped steps where
+        drafting paid (c=1, 4 repeats paired: 1.045x vs 1.097x of no speculation, fixed k=2
+        1.11x). Without confidences (n-gram, DFlash) the request's own estimate is all there is
+        of its text (copy-heavy or not), so it scales the profile (``_survival``)."""
+        if self.drafter.has_confidences:
+            return self.depth.rates(num_positions)
+        return self._survival(request, num_positions)
+
+    def _survival(self, request: Request, num_positions: int) -> list[float]:
+        """A draft without confidences: the pooled survival per position, scaled by how the
+        request's running rate compares with the pooled one."""
+        return self.depth.rates(num_positions, self.estimate(request).rate / max(self.acceptance.rate, 1e-3))
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:

@@ -73,7 +73,7 @@ class Drafter(ABC):
 def make_drafter(kind: str, target=None, **kwargs) -> Drafter | None:
     """``none`` -> None; ``ngram`` -> ``NgramDrafter(**kwargs)``; ``dflash`` / ``dflash2`` /
     ``dspark`` -> ``DFlashDrafter`` on the checkpoint ``kwargs['checkpoint']`` for ``target`` (a
-    LlamaModel)."""
+    LlamaModel), its matmuls in ``kwargs.get('gemm_dtype')`` (None: the target's)."""
     if kind == "none":
         return None
     if kind == "ngram":
@@ -85,5 +85,6 @@ def make_drafter(kind: str, target=None, **kwargs) -> Drafter | None:
 
         if target is None:
             raise ValueError(f"the {kind} drafter needs the target model")
-        return DFlashDrafter.from_checkpoint(kwargs["checkpoint"], target, expected_kind=kind)
+        return DFlashDrafter.from_checkpoint(kwargs["checkpoint"], target, expected_kind=kind,
+                                             gemm_dtype=kwargs.get("gemm_dtype"))
     raise ValueError(f"unknown drafter {kind!r} (available: {', '.join(SPEC_METHODS)})")

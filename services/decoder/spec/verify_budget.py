@@ -9,7 +9,8 @@ step's requests, since each verified token costs every request step time); for o
     E(k) / (step_s(T + k) + fetch_s(k) + draft_s),      E(k) = 1 + sum_{i=1..k} p_1 ... p_i,
 
 where p_i is the probability that draft position i survives given its prefix did (the drafter's
-confidence; the n-gram drafter has none, so p_i = a, the request's running survival estimate),
+confidence; the n-gram drafter and DFlash have none, so p_i is the drafter's pooled survival at
+depth i, ``spec/depth_survival.py``, scaled by the request's running survival estimate),
 ``step_s`` is the engine's measured step time at ``T`` batch tokens (a table profiled at
 start-up, interpolated; a count that the GEMM plan pads up to an MKL pack's bucket costs that
 bucket; ``T`` = the step's other tokens + 1) plus the attention of its query tokens, priced

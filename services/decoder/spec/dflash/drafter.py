@@ -55,10 +55,11 @@ class DFlashDrafter(Drafter):
                  target_head: Linear | None = None):
         """``embed: [V, H]`` and ``lm_head: [V, H]``: the target's (shared, not copied). With a
         draft vocabulary ``vocab: [N]`` the drafter keeps a copy of just those head rows.
-        ``gemm_dtype``: the draft layers' matmul precision (the target's, see ``LlamaModel``);
-        ``gemm_plan``: their kernel per row count (the target's: the same CPU and input widths);
-        ``target_head``: the target's LM head ``Linear`` (over ``lm_head``), which the drafter then
-        shares without a draft vocabulary instead of keeping a second set of its kernels' copies."""
+        ``gemm_dtype``: the draft layers' and the head's matmul precision (default: ``lm_head``'s);
+        ``gemm_plan``: their kernel per row count (the target's, measured on the same CPU and input
+        widths; pass it only for the target's matmul precision); ``target_head``: the target's LM
+        head ``Linear`` (over ``lm_head``), which the drafter then shares without a draft
+        vocabulary, in the same precision, instead of keeping a second set of its kernels' copies."""
         self.net = net
         pack_linears(net, gemm_dtype, gemm_plan)  # a block's rows through the planned kernels (served, not trained, here)
         self.cfg = net.cfg
@@ -67,12 +68,13 @@ class DFlashDrafter(Drafter):
         self.embed = embed
         self.vocab = vocab
         self.lm_head = lm_head if vocab is None else lm_head[vocab].contiguous()
-        if vocab is None and target_head is not None:
+        head_dtype = gemm_dtype or lm_head.dtype
+        if vocab is None and target_head is not None and head_dtype == lm_head.dtype:
             if target_head.weight is not lm_head:
                 raise ValueError("target_head must be the Linear over lm_head")
             self.head = target_head
         else:
-            self.head = Linear(self.lm_head, plan=gemm_plan)
+            self.head = Linear(self.lm_head.to(head_dtype), plan=gemm_plan)
         markov = net.markov_head
         with torch.no_grad():  # the Markov head's successor rows of the draft vocabulary, gathered once
             self.successors = None if markov is None or vocab is None else markov.successor_codebook[vocab].contiguous()
@@ -82,15 +84,20 @@ class DFlashDrafter(Drafter):
         self.pending: dict[str, _Pending] = {}  # observed features not yet in the ring
 
     @classmethod
-    def from_checkpoint(cls, directory: str | Path, target, expected_kind: str) -> DFlashDrafter:
+    def from_checkpoint(cls, directory: str | Path, target, expected_kind: str,
+                        gemm_dtype: torch.dtype | None = None) -> DFlashDrafter:
+        """The drafter in ``directory`` for ``target`` (a ``LlamaModel``), its matmuls in
+        ``gemm_dtype`` (None: the target's; another precision runs its default kernels, the
+        target's GEMM plan being measured for the target's)."""
         net = load_checkpoint(directory, dtype=target.dtype)
         kind = net.cfg.kind
         if kind not in SERVES[expected_kind]:
             raise DraftCheckpointError(f"{directory} holds a {kind} drafter, not {expected_kind}")
         cfg = target.config
         net.cfg.check_target(cfg.num_layers, cfg.hidden_size, cfg.vocab_size)
+        gemm_dtype = gemm_dtype or target.gemm_dtype
         drafter = cls(net, target.embed_tokens, target.lm_head.weight, read_draft_vocab(directory, cfg.vocab_size),
-                      target.gemm_dtype, target.gemm_plan, target.lm_head)
+                      gemm_dtype, target.gemm_plan if gemm_dtype == target.gemm_dtype else None, target.lm_head)
         heldout = read_heldout_acceptance_length(directory)
         if heldout is not None:
             try:

@@ -1,0 +1,95 @@
+"""The pooled survival per draft position, and the adaptive budget's use of it for drafters
+without confidences."""
+
+import pytest
+
+from dhisparse import SamplingParams
+from services.decoder.spec.depth_survival import DepthSurvival
+from services.decoder.spec.verify_budget import BudgetProfile, CostTable, choose_draft_lengths
+
+
+def test_each_depth_counts_the_positions_whose_prefix_survived():
+    depth = DepthSurvival(prior=0.5, max_depth=3)
+    assert depth.rates(3) == [0.5] * 3
+    depth.observe(3, 1)  # position 0 survived, 1 failed, 2 never tried
+    depth.observe(2, 2)  # both survived; the draft ended before a failure
+    depth.observe(3, 0)
+    assert depth.trials == [3.0, 2.0, 0.0]
+    assert depth.survived == [2.0, 1.0, 0.0]
+    # 4 pseudo-trials at the prior for depth 0, at depth d - 1's rate for depth d
+    r0 = (2 + 4 * 0.5) / (3 + 4)
+    r1 = (1 + 4 * r0) / (2 + 4)
+    assert depth.rates(3) == pytest.approx([r0, r1, r1])
+
+
+def test_rates_beyond_the_deepest_depth_repeat_it_and_a_scale_is_capped():
+    depth = DepthSurvival(prior=0.6, max_depth=2)
+    depth.observe(2, 0)
+    r0 = 0.6 * 4 / 5
+    assert depth.rates(4) == pytest.approx([r0] * 4)
+    assert depth.rates(2, scale=0.5) == pytest.approx([r0 / 2] * 2)
+    assert depth.rates(2, scale=3.0) == [DepthSurvival.MAX_RATE] * 2
+
+
+def test_old_counts_are_scaled_down_so_the_profile_follows_a_change_of_text():
+    depth = DepthSurvival(prior=0.5, max_depth=1)
+    for _ in range(1000):
+        depth.observe(1, 1)
+    assert depth.trials[0] == pytest.approx(DepthSurvival.MAX_TRIALS)
+    for _ in range(400):
+        depth.observe(1, 0)
+    # each of 400 failures after a full window of successes scales the survivals by 400 / 401
+    survived = 400 * (400 / 401) ** 400  # ~ 400 / e
+    assert depth.rates(1)[0] == pytest.approx((survived + 4 * 0.5) / (400 + 4))
+
+
+@pytest.mark.parametrize("args", [(2, 3), (1, -1)])
+def test_an_impossible_outcome_is_refused(args):
+    with pytest.raises(ValueError, match="accepted"):
+        DepthSurvival(0.5, 4).observe(*args)
+
+
+def test_a_drafter_whose_second_position_rarely_survives_is_asked_for_one():
+    """A drafter without confidences whose first position survives half the time and whose
+    second almost never does: one rate over that mix (1/3 per position) would verify 2 positions
+    on a step where each verified token costs 5% of the step; the profile verifies 1, and the
+    gate asks for 1 + ``LENGTH_HEADROOM``."""
+    from services.decoder.engine.request import Request
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.engine.stop_checker import StopChecker
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    asks = []
+
+    class Blind(Drafter):  # no confidences
+        name = "blind"
+        prior_acceptance = 0.5
+
+        def propose_batch(self, requests):
+            asks.append([r.max_tokens for r in requests])
+            return [Draft([7] * r.max_tokens) for r in requests]
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return ""
+
+    params = SamplingParams(max_tokens=64)
+    request = Request("r", [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
+    request.num_computed_tokens = 2
+    speculator = Speculator(Blind(), spec_tokens=4)
+    steps = CostTable((1, 65), (0.010, 0.042))  # 0.5 ms per verified token on a 10 ms step
+    speculator.profile = BudgetProfile(steps, CostTable((1, 16), (0.0, 0.0)))
+    for i in range(100):
+        speculator.record(request, 2, 1 if i % 2 else 0)
+    assert speculator.acceptance.rate == pytest.approx(1 / 3, abs=0.02)
+    assert choose_draft_lengths([[1 / 3] * 4], 1, 1, steps) == [2]
+    r0 = (50 + 4 * 0.5) / (100 + 4)
+    r1 = (0 + 4 * r0) / (50 + 4)
+    assert speculator.depth.rates(4) == pytest.approx([r0, r1, r1, r1])
+    # the request's own rate (10 steps of memory) against the pooled one (20) scales the profile
+    scale = speculator.estimate(request).rate / speculator.acceptance.rate
+    survival = speculator._survival(request, 4)
+    assert survival == pytest.approx([r0 * scale] + [r1 * scale] * 3)
+    assert choose_draft_lengths([survival], 1, 1, steps) == [1]
+    speculator.propose([request])
+    assert asks == [[1 + speculator.LENGTH_HEADROOM]] and request.draft_ids == [7]
