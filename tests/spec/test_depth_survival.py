@@ -53,7 +53,7 @@ def test_a_drafter_whose_second_position_rarely_survives_is_asked_for_one():
     """A drafter without confidences whose first position survives half the time and whose
     second almost never does: one rate over that mix (1/3 per position) would verify 2 positions
     on a step where each verified token costs 5% of the step; the profile verifies 1, and the
-    gate asks for 1 + ``LENGTH_HEADROOM``."""
+    gate asks for just that one."""
     from services.decoder.engine.request import Request
     from services.decoder.engine.speculation import Speculator
     from services.decoder.engine.stop_checker import StopChecker
@@ -92,4 +92,4 @@ def test_a_drafter_whose_second_position_rarely_survives_is_asked_for_one():
     assert survival == pytest.approx([r0 * scale] + [r1 * scale] * 3)
     assert choose_draft_lengths([survival], 1, 1, steps) == [1]
     speculator.propose([request])
-    assert asks == [[1 + speculator.LENGTH_HEADROOM]] and request.draft_ids == [7]
+    assert asks == [[1]] and request.draft_ids == [7]

@@ -299,11 +299,13 @@ def test_one_measurement_moves_a_cost_at_most_twofold_and_skipping_relaxes_it():
     assert costs.seconds_at(1) == pytest.approx(0.010 * (1 + 0.1 * (0.5 - 1)))  # downwards: at most half, averaged in
 
 
-def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_context_is_ready():
-    """The gate's predicted length (running estimate 0.5, a step table where one verified token
-    is almost free and a second costs a full step) is 1, so the drafter is asked for 2 tokens, not
-    spec_tokens; ``prepare`` (the deferred context work) runs before the timed call; a skipped
-    step relaxes the drafter's cost correction."""
+@pytest.mark.parametrize("confidences", [True, False])
+def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_context_is_ready(confidences):
+    """The gate's predicted length (survival 0.5, a step table where one verified token is
+    almost free and a second costs a full step) is 1, so a drafter with confidences is asked for
+    2 tokens (its confidences may use the headroom), one without for 1 (nothing after its call
+    could lengthen the draft), not spec_tokens; ``prepare`` (the deferred context work) runs
+    before the timed call; a skipped step relaxes the drafter's cost correction."""
     from services.decoder.engine.request import Request
     from services.decoder.engine.speculation import Speculator
     from services.decoder.engine.stop_checker import StopChecker
@@ -315,13 +317,14 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     class Recording(Drafter):
         name = "recording"
         prior_acceptance = 0.5
+        has_confidences = confidences
 
         def prepare(self, request_ids):
             calls.append(("prepare", list(request_ids)))
 
         def propose_batch(self, requests):
             calls.append(("propose", [r.max_tokens for r in requests]))
-            return [Draft([7] * r.max_tokens) for r in requests]
+            return [Draft([7] * r.max_tokens, [0.5] * r.max_tokens if confidences else None) for r in requests]
 
     class Tok:
         def decode(self, ids, **kw):
@@ -335,7 +338,7 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     assert choose_draft_lengths([[0.5] * 7], 1, 1, steps) == [1]
     speculator.profile = BudgetProfile(steps, CostTable((1, 16), (0.0, 0.0)))
     speculator.propose([request])
-    assert calls == [("prepare", ["r"]), ("propose", [1 + speculator.LENGTH_HEADROOM])]
+    assert calls == [("prepare", ["r"]), ("propose", [1 + (speculator.LENGTH_HEADROOM if confidences else 0)])]
     assert request.draft_ids == [7]  # the rate-based cut after drafting: the predicted length
     # a drafter measured at 1 s per call (capped at 2x its profiled cost per measurement) is skipped,
     # and each skipped step relaxes its correction towards the profile

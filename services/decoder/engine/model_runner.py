@@ -2,9 +2,9 @@
 
 Token order in the step: decode requests without a draft first, then decode requests with a
 draft block (verify), then prefill chunks. Attention: prefill chunks are always dense, one group
-each. Decode and verify tokens are dense groups (all plain decodes in one padded group, verify
-blocks of equal length in one padded causal group) or, with sparse attention, page-list tokens that each attend
-over their own selection. Digests are written after acceptance (``seal_pages``), so rejected
+each. Decode and verify tokens are dense groups (plain decodes and verify blocks of up to
+``SMALL_QUERY_TOKENS`` tokens in one ragged causal group, longer blocks one group per length) or,
+with sparse attention, page-list tokens that each attend over their own selection. Digests are written after acceptance (``seal_pages``), so rejected
 draft rows never reach them.
 """
 
@@ -23,6 +23,7 @@ from services.decoder.kv.hot_pool import HotPool
 from services.decoder.kv.sparse_step import SelectionObserver, SparseStep
 from services.decoder.model.attention import (
     DIGEST_ROWS_PER_PAGE,
+    SMALL_QUERY_TOKENS,
     AttentionMetadata,
     AttentionWork,
     PagedAttention,
@@ -152,10 +153,12 @@ class ModelRunner:
             write_rows.extend(request.slots[p // page_size] * page_size + p % page_size for p in pos)
             return pos
 
-        if singles:
-            query_positions = [add_tokens(s) for s in singles]
-            contexts = [s.request.num_computed_tokens + 1 for s in singles]
-            groups.append(build_group(0, query_positions, [s.request.slots for s in singles], contexts, page_size))
+        short = singles + [s for s in blocks if s.num_query_tokens <= SMALL_QUERY_TOKENS]  # ordered's head
+        if short:
+            query_positions = [add_tokens(s) for s in short]
+            groups.append(build_group(0, query_positions, [s.request.slots for s in short],
+                                      [pos[-1] + 1 for pos in query_positions], page_size))
+        blocks = blocks[len(short) - len(singles):]
         for _, run in itertools.groupby(blocks, key=lambda s: s.num_query_tokens):
             same = list(run)
             token_start = len(input_ids)

@@ -15,9 +15,10 @@ estimates drift back towards the drafter's pooled estimate, and the drafter's me
 towards its profile, so they probe again later). The gate holds itself to its promises: every
 drafting step reports the tokens it committed and the seconds it took (proposal and target pass)
 against what the gate promised, and a shortfall raises the gain a draft must promise
-(``RealizedGain``). A request that drafts is asked for its
-predicted length + ``LENGTH_HEADROOM`` tokens only: a block drafter then scores only those
-positions, which on a 2-core CPU is what lets one- and two-token drafts pay at concurrency 1.
+(``RealizedGain``). A request that drafts is asked for its predicted length only, + ``LENGTH_HEADROOM``
+tokens for a drafter with confidences (they may show a longer draft is worth it): a block
+drafter then scores only those positions, which on a 2-core CPU is what lets one- and two-token
+drafts pay at concurrency 1.
 
 The pooled estimate (``Speculator.acceptance``) counts every verified draft of every request.
 It starts from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out
@@ -86,7 +87,11 @@ class Speculator:
     # drafter whose survival sits just above break-even (0.3 vs 0.23 at c=1) is not switched off
     # by two unlucky probes
     REQUEST_WEIGHT = 0.1
-    LENGTH_HEADROOM = 1  # draft positions asked for beyond the running estimate's predicted length
+    # draft positions a drafter with confidences is asked for beyond the gate's predicted length.
+    # One without confidences gets none: after its call the budget knows nothing new of the draft,
+    # so the headroom was scored by the drafter (0.35 ms per position at c=4) and then cut or
+    # verified on a sunk-cost price (c=4: 9-token steps where fixed k=1 ran 8, 5 ms dearer)
+    LENGTH_HEADROOM = 1
     # the drafter runs only if the step's drafts promise this much more throughput than none (a
     # margin for the noise of the estimates that picked them). It used to grow with the requests
     # that draft (2% each), from a time the model priced c=4 drafts at +3% that measured 0.85-1.02x;
@@ -269,9 +274,9 @@ class Speculator:
     def _worth_the_drafter(self, running, drafting, max_tokens):
         """Keeps the requests whose predicted draft (running survival estimate, full length)
         would pay for the drafter's forward, charged once for the call, and limits each to its
-        predicted length + ``LENGTH_HEADROOM``: the drafter then scores only those positions
-        (its heads run per position), and confidences may still cut the draft or use the
-        headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent drafting
+        predicted length (+ ``LENGTH_HEADROOM`` with confidences): the drafter then scores only
+        those positions (its heads run per position), and confidences may still cut the draft or
+        use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent drafting
         steps against their promises (``RealizedGain``). Returns the kept requests, their asks and
         the gate's plan."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
@@ -287,8 +292,8 @@ class Speculator:
             self.num_skipped_steps += 1
             self.draft_costs.relax(self.COST_RELAX)
             self.realized.relax(self.COST_RELAX)
-        return ([drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + self.LENGTH_HEADROOM) for i in keep],
-                plan)
+        headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
+        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan
 
     def _gate_survival(self, request: Request, num_positions: int) -> list[float]:
         """The per-position survival the gate predicts a request's draft at. A drafter with

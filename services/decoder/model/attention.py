@@ -9,6 +9,7 @@ a prefill chunk is its own group.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -24,7 +25,13 @@ from services.decoder.kv.sparse_step import HostLayer, SparseStep
 @dataclass
 class AttentionGroup:
     """``num_reqs`` requests with ``num_query_tokens`` query tokens each, contiguous in the step's
-    token dimension starting at ``token_start`` (request-major)."""
+    token dimension starting at ``token_start`` (request-major). A *ragged* group (``token_rows``
+    set) holds requests with fewer query tokens too: their tokens are still contiguous and
+    request-major, and each is padded to ``num_query_tokens`` by repeating its last token (same
+    position, same mask row), whose outputs are dropped. One padded group instead of one group
+    per query count: each group costs a gather of its requests' keys and values and a few
+    kernels in every layer (a c=4 verify step mixing 0-, 1- and 2-token drafts ran 3 groups and
+    took ~10 ms more than one of 1-token drafts on the 2-core CPU)."""
 
     token_start: int
     num_reqs: int
@@ -36,18 +43,25 @@ class AttentionGroup:
     host_read: tuple[torch.Tensor, torch.Tensor] | None = None
     is_prefill: bool = False  # a prefill chunk: not part of ``AttentionWork`` (decode / verify only)
     key_rows: int = 0  # sum over query tokens of their request's context length (``AttentionWork``)
+    # ragged: [num_reqs * num_query_tokens] int64 step rows of the padded queries (request-major),
+    # and [num_tokens] int64 indices into them of the real ones, in step order; None: not ragged
+    token_rows: torch.Tensor | None = None
+    real_rows: torch.Tensor | None = None
+    num_tokens: int = 0  # real query tokens (0: num_reqs * num_query_tokens)
 
     @property
     def token_end(self) -> int:
-        return self.token_start + self.num_reqs * self.num_query_tokens
+        return self.token_start + (self.num_tokens or self.num_reqs * self.num_query_tokens)
 
     def to(self, device: torch.device) -> AttentionGroup:
         if self.host_read is not None:
             raise ValueError("host page reads (SPARSE prefill) run on CPU tensors only")
         mask = None if self.attn_mask is None else self.attn_mask.to(device, non_blocking=True)
+        ragged = [None if t is None else t.to(device, non_blocking=True) for t in (self.token_rows, self.real_rows)]
         return AttentionGroup(self.token_start, self.num_reqs, self.num_query_tokens,
                               self.read_rows.to(device, non_blocking=True), mask, is_prefill=self.is_prefill,
-                              key_rows=self.key_rows)
+                              key_rows=self.key_rows, token_rows=ragged[0], real_rows=ragged[1],
+                              num_tokens=self.num_tokens)
 
 
 @dataclass(frozen=True)
@@ -131,12 +145,25 @@ def build_group(
     host_page_tables: list[list[int]] | None = None,
     is_prefill: bool = False,
 ) -> AttentionGroup:
-    """Builds one group (``is_prefill``: a prompt chunk, see ``AttentionGroup``). ``query_positions[r]``: positions of request r's query tokens (same
-    count for every r); ``page_tables[r]``: its slots in logical page order (-1: the page is not
-    hot and is read from host page ``host_page_tables[r][page]``); ``context_lens[r]``: tokens it
-    holds after this step's writes."""
+    """Builds one group (``is_prefill``: a prompt chunk, see ``AttentionGroup``).
+    ``query_positions[r]``: positions of request r's query tokens (a different count per request
+    makes a ragged group); ``page_tables[r]``: its slots in logical page order (-1: the page is
+    not hot and is read from host page ``host_page_tables[r][page]``); ``context_lens[r]``: tokens
+    it holds after this step's writes."""
     num_reqs = len(query_positions)
-    num_query_tokens = len(query_positions[0])
+    counts = [len(p) for p in query_positions]
+    num_query_tokens = max(counts)
+    token_rows = real_rows = None
+    if min(counts) != num_query_tokens:
+        starts = list(itertools.accumulate(counts, initial=token_start))
+        token_rows = torch.tensor([starts[r] + min(j, counts[r] - 1) for r in range(num_reqs)
+                                   for j in range(num_query_tokens)], dtype=torch.int64)
+        real_rows = torch.tensor([r * num_query_tokens + j for r in range(num_reqs) for j in range(counts[r])],
+                                 dtype=torch.int64)
+        key_rows = sum(n * length for n, length in zip(counts, context_lens))
+        query_positions = [p + [p[-1]] * (num_query_tokens - len(p)) for p in query_positions]
+    else:
+        key_rows = num_query_tokens * sum(context_lens)
     # keys padded to whole pages: the same key count the page-list (sparse) kernel sees, so that a
     # selection covering the context reproduces these numbers exactly
     max_len = -(-max(context_lens) // page_size) * page_size
@@ -165,7 +192,8 @@ def build_group(
         attn_mask = ((key_pos <= q_pos[:, :, None]) & (key_pos < lens)).unsqueeze(1)
     host_read = (torch.cat(host_dst), torch.tensor(host_ids, dtype=torch.int64)) if host_ids else None
     return AttentionGroup(token_start, num_reqs, num_query_tokens, read_rows, attn_mask, host_read,
-                          is_prefill=is_prefill, key_rows=num_query_tokens * sum(context_lens))
+                          is_prefill=is_prefill, key_rows=key_rows, token_rows=token_rows, real_rows=real_rows,
+                          num_tokens=sum(counts) if token_rows is not None else 0)
 
 
 SMALL_QUERY_TOKENS = 16  # decode / verify groups: two batched matmuls beat CPU flash SDPA by 20-40%
@@ -230,9 +258,10 @@ class PagedAttention:
         work, timed = self.work, self._timed
         for group in meta.groups:
             start = time.perf_counter()
-            group_q = q[group.token_start : group.token_end].view(
-                group.num_reqs, group.num_query_tokens, num_heads, head_dim
-            ).transpose(1, 2)  # [num_reqs, num_heads, num_query_tokens, head_dim]
+            group_q = q[group.token_start : group.token_end] if group.token_rows is None else \
+                torch.index_select(q, 0, group.token_rows)  # ragged: each request padded by its last token
+            group_q = group_q.view(group.num_reqs, group.num_query_tokens, num_heads, head_dim).transpose(1, 2)
+            # [num_reqs, num_heads, num_query_tokens, head_dim]
             rows = group.read_rows
             # index_select, not advanced indexing: ~4x faster for row gathers on CPU
             keys = torch.index_select(k_rows, 0, rows.view(-1))  # [num_reqs * max_context_len, KVH, D]
@@ -248,7 +277,10 @@ class PagedAttention:
                 attended = F.scaled_dot_product_attention(
                     group_q, keys, values, attn_mask=group.attn_mask, scale=self.scale, enable_gqa=True
                 )  # [num_reqs, num_heads, num_query_tokens, head_dim]
-            out[group.token_start : group.token_end] = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
+            attended = attended.transpose(1, 2).reshape(-1, num_heads, head_dim)
+            if group.real_rows is not None:
+                attended = torch.index_select(attended, 0, group.real_rows)
+            out[group.token_start : group.token_end] = attended
             if timed and not group.is_prefill:
                 work.dense_s += time.perf_counter() - start
                 work.dense_rows += group.key_rows
