@@ -10,35 +10,48 @@ from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
 
 
-def test_the_factor_is_the_moving_average_of_delivered_over_promised_on_the_log_axis():
+def test_the_factor_is_delivered_over_promised_tokens_per_second_from_moving_averages():
     gain = RealizedGain()
     assert gain.factor == 1.0 and gain.required_gain(0.02) == pytest.approx(0.02)
     # promised 8 tokens in 50 ms, delivered 6 in 60 ms: 0.75 * 50 / 60 = 0.625 of the promise
     gain.observe(8.0, 0.050, 6, 0.060)
-    assert gain.factor == pytest.approx(math.exp(0.1 * math.log(0.625)))
-    for _ in range(200):
-        gain.observe(8.0, 0.050, 6, 0.060)
-    assert gain.factor == pytest.approx(0.625, rel=1e-6)
+    assert gain.factor == pytest.approx(0.625)
     assert gain.required_gain(0.02) == pytest.approx(1.02 / 0.625 - 1)
-    assert gain.num_steps == 201
+    # a step that keeps its promise averages in at WEIGHT: (0.9 * 6 + 0.1 * 8) / 8 tokens, and
+    # 50 / (0.9 * 60 + 0.1 * 50) ms
+    gain.observe(8.0, 0.050, 8, 0.050)
+    assert gain.factor == pytest.approx((0.9 * 6 + 0.8) / 8 * 0.050 / (0.9 * 0.060 + 0.1 * 0.050))
+    assert gain.num_steps == 2
+
+
+def test_noisy_steps_that_keep_the_promise_on_average_show_no_shortfall():
+    """One request commits 1 token or 5 around a promise of 3: the average of per-step ratios on
+    the log axis would read exp(mean(log 1/3, log 5/3)) = 0.75; the ratio of averages reads 1."""
+    gain = RealizedGain()
+    for i in range(400):
+        gain.observe(3.0, 0.050, 1 if i % 2 else 5, 0.050)
+    assert gain.factor == pytest.approx(1.0, abs=0.11)  # the last step's weight: 0.1 * (5 - 1) / 2 / 3
+    assert math.exp((math.log(1 / 3) + math.log(5 / 3)) / 2) == pytest.approx(0.745, abs=1e-3)
 
 
 def test_overdelivery_offsets_a_shortfall_but_never_lowers_the_bar():
     gain = RealizedGain()
     gain.observe(4.0, 0.010, 8, 0.010)  # twice the promise
     assert gain.factor == 1.0 and gain.required_gain(0.02) == pytest.approx(0.02)
-    gain.observe(4.0, 0.010, 2, 0.010)  # half of it: the average, 0.1 * (log 0.5 - 0.1 log 2), is below 0
-    assert gain.log_mean == pytest.approx(0.1 * math.log(2) + 0.1 * (math.log(0.5) - 0.1 * math.log(2)))
-    assert gain.factor == pytest.approx(math.exp(gain.log_mean)) and gain.factor < 1.0
+    gain.observe(4.0, 0.010, 0, 0.010)  # nothing: the averages still show 0.9 * 8 tokens of 4 promised
+    assert gain.factor == 1.0
+    for _ in range(30):
+        gain.observe(4.0, 0.010, 2, 0.010)  # half, for a while: the shortfall shows
+    assert gain.factor < 0.6
 
 
-def test_one_step_counts_as_at_most_a_twofold_shortfall_and_skipping_relaxes_it():
+def test_one_step_counts_as_at_most_a_twofold_slowdown_and_skipping_relaxes_the_shortfall():
     gain = RealizedGain()
-    gain.observe(8.0, 0.050, 1, 0.500)  # a preempted step: 1/80 of its promise
-    assert gain.log_mean == pytest.approx(0.1 * math.log(0.5))
-    before = gain.log_mean
+    gain.observe(4.0, 0.050, 4, 0.500)  # a preempted step: 10x its promised seconds
+    assert gain.seconds == pytest.approx(0.100) and gain.factor == pytest.approx(0.5)
     gain.relax(0.02)
-    assert gain.log_mean == pytest.approx(0.98 * before)
+    assert gain.seconds == pytest.approx(0.100 + 0.02 * (0.050 - 0.100))
+    assert gain.factor == pytest.approx(0.050 / gain.seconds)
 
 
 @pytest.mark.parametrize("args", [(0.0, 0.05, 1, 0.05), (4.0, 0.0, 1, 0.05), (4.0, 0.05, 1, 0.0)])
@@ -101,8 +114,9 @@ def test_a_gate_whose_promises_fall_short_stops_drafting_and_probes_again_later(
         assert speculator.promise is not None
         speculator.observe_step(2, step_s, decoded=(1, 1))
         steps += 1
-    # log factor -> log(2/3) by 10% per step: below log(1 / threshold) after n steps
-    assert steps == math.ceil(math.log(1 - math.log(1 / threshold) / math.log(2 / 3)) / math.log(0.9))
+    # the committed average falls from 1.5 towards 1 by 10% of the gap per step: 1 + 0.5 * 0.9^n,
+    # below 1.5 / threshold after n steps
+    assert steps == math.ceil(math.log((1.5 / threshold - 1) / 0.5) / math.log(0.9))
     calls = drafter.calls
     speculator.propose([request])
     assert drafter.calls == calls and speculator.promise is None and speculator.num_skipped_steps == 1
