@@ -195,9 +195,9 @@ class Speculator:
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """A verified draft: updates the request's estimate, the pooled one and, for a drafter
         with confidences, their calibration."""
+        self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else self._scale(request))
         self.estimate(request).update(num_drafted, num_accepted)
         self.acceptance.update(num_drafted, num_accepted)
-        self.depth.observe(num_drafted, num_accepted)
         confidences = self._confidences.pop(request.request_id, None)
         if confidences:
             self.calibration.observe(confidences[:num_drafted], num_accepted)
@@ -311,7 +311,11 @@ class Speculator:
     def _survival(self, request: Request, num_positions: int) -> list[float]:
         """A draft without confidences: the pooled survival per position, scaled by how the
         request's running rate compares with the pooled one."""
-        return self.depth.rates(num_positions, self.estimate(request).rate / max(self.acceptance.rate, 1e-3))
+        return self.depth.rates(num_positions, self._scale(request))
+
+    def _scale(self, request: Request) -> float:
+        """The request's running survival over the pooled one."""
+        return max(self.estimate(request).rate, 1e-3) / max(self.acceptance.rate, 1e-3)
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
