@@ -3,9 +3,9 @@ without confidences."""
 
 import pytest
 
-from dhisparse import SamplingParams
 from services.decoder.spec.depth_survival import DepthSurvival
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable, choose_draft_lengths
+from tests.spec.test_verify_budget_costs import _decoding_request
 
 
 def test_each_depth_counts_the_positions_whose_prefix_survived():
@@ -68,9 +68,7 @@ def test_a_drafter_whose_second_position_rarely_survives_is_asked_for_one():
     second almost never does: one rate over that mix (1/3 per position) would verify 2 positions
     on a step where each verified token costs 5% of the step; the profile verifies 1, and the
     gate asks for just that one."""
-    from services.decoder.engine.request import Request
     from services.decoder.engine.speculation import Speculator
-    from services.decoder.engine.stop_checker import StopChecker
     from services.decoder.spec.drafter import Draft, Drafter
 
     asks = []
@@ -83,13 +81,7 @@ def test_a_drafter_whose_second_position_rarely_survives_is_asked_for_one():
             asks.append([r.max_tokens for r in requests])
             return [Draft([7] * r.max_tokens) for r in requests]
 
-    class Tok:
-        def decode(self, ids, **kw):
-            return ""
-
-    params = SamplingParams(max_tokens=64)
-    request = Request("r", [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
-    request.num_computed_tokens = 2
+    request = _decoding_request()  # one pending token: it decodes next
     speculator = Speculator(Blind(), spec_tokens=4)
     steps = CostTable((1, 65), (0.010, 0.042))  # 0.5 ms per verified token on a 10 ms step
     speculator.profile = BudgetProfile(steps, CostTable((1, 16), (0.0, 0.0)))

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from dhisparse import SamplingParams
 from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
+from tests.spec.test_verify_budget_costs import _decoding_request
 
 
 def test_the_factor_is_delivered_over_promised_tokens_per_second_from_moving_averages():
@@ -64,9 +64,7 @@ def _one_request_speculator():
     """A speculator over a memory-bound step (10 ms at any size) and a drafter priced at nothing,
     one request decoding at running survival 0.5, one draft position: the gate promises 1.5
     tokens in 10 ms, 1.5x the throughput of no draft."""
-    from services.decoder.engine.request import Request
     from services.decoder.engine.speculation import Speculator
-    from services.decoder.engine.stop_checker import StopChecker
     from services.decoder.spec.drafter import Draft, Drafter
 
     class Fixed(Drafter):
@@ -78,13 +76,7 @@ def _one_request_speculator():
             Fixed.calls += 1
             return [Draft([7] * r.max_tokens) for r in requests]
 
-    class Tok:
-        def decode(self, ids, **kw):
-            return ""
-
-    params = SamplingParams(max_tokens=64)
-    request = Request("r", [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
-    request.num_computed_tokens = 2  # one pending token: it decodes next
+    request = _decoding_request()  # one pending token: it decodes next
     speculator = Speculator(Fixed(), spec_tokens=1)
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
     return speculator, request, Fixed

@@ -12,6 +12,7 @@ from services.decoder.spec.verify_budget import (
     expected_committed,
     survival_from_acceptance_length,
 )
+from tests.spec.test_verify_budget_costs import _decoding_request
 
 FLAT = CostTable((1, 64), (0.010, 0.010))  # memory-bound: verifying more tokens is free
 STEEP = CostTable((1, 2, 4, 8), (0.010, 0.020, 0.040, 0.080))  # compute-bound: cost per token
@@ -306,9 +307,7 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     2 tokens (its confidences may use the headroom), one without for 1 (nothing after its call
     could lengthen the draft), not spec_tokens; ``prepare`` (the deferred context work) runs
     before the timed call; a skipped step relaxes the drafter's cost correction."""
-    from services.decoder.engine.request import Request
     from services.decoder.engine.speculation import Speculator
-    from services.decoder.engine.stop_checker import StopChecker
     from services.decoder.spec.drafter import Draft, Drafter
     from services.decoder.spec.verify_budget import BudgetProfile
 
@@ -326,13 +325,7 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
             calls.append(("propose", [r.max_tokens for r in requests]))
             return [Draft([7] * r.max_tokens, [0.5] * r.max_tokens if confidences else None) for r in requests]
 
-    class Tok:
-        def decode(self, ids, **kw):
-            return ""
-
-    params = SamplingParams(max_tokens=64)
-    request = Request("r", [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
-    request.num_computed_tokens = 2  # one pending token: it decodes next
+    request = _decoding_request()  # one pending token: it decodes next
     speculator = Speculator(Recording(), spec_tokens=7)
     steps = CostTable((1, 2, 3, 64), (0.010, 0.0101, 0.020, 1.0))
     assert choose_draft_lengths([[0.5] * 7], 1, 1, steps) == [1]

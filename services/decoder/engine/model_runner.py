@@ -4,8 +4,8 @@ Token order in the step: decode requests without a draft first, then decode requ
 draft block (verify), then prefill chunks. Attention: prefill chunks are always dense, one group
 each. Decode and verify tokens are dense groups (plain decodes and verify blocks of up to
 ``SMALL_QUERY_TOKENS`` tokens in one ragged causal group, longer blocks one group per length) or,
-with sparse attention, page-list tokens that each attend over their own selection. Digests are written after acceptance (``seal_pages``), so rejected
-draft rows never reach them.
+with sparse attention, page-list tokens that each attend over their own selection. Digests are
+written after acceptance (``seal_pages``), so rejected draft rows never reach them.
 """
 
 from __future__ import annotations
@@ -153,13 +153,14 @@ class ModelRunner:
             write_rows.extend(request.slots[p // page_size] * page_size + p % page_size for p in pos)
             return pos
 
-        short = singles + [s for s in blocks if s.num_query_tokens <= SMALL_QUERY_TOKENS]  # ordered's head
+        # blocks are sorted by length: the short ones follow the singles at the head of ``ordered``
+        short = singles + [s for s in blocks if s.num_query_tokens <= SMALL_QUERY_TOKENS]
+        long_blocks = [s for s in blocks if s.num_query_tokens > SMALL_QUERY_TOKENS]
         if short:
             query_positions = [add_tokens(s) for s in short]
             groups.append(build_group(0, query_positions, [s.request.slots for s in short],
                                       [pos[-1] + 1 for pos in query_positions], page_size))
-        blocks = blocks[len(short) - len(singles):]
-        for _, run in itertools.groupby(blocks, key=lambda s: s.num_query_tokens):
+        for _, run in itertools.groupby(long_blocks, key=lambda s: s.num_query_tokens):
             same = list(run)
             token_start = len(input_ids)
             query_positions = [add_tokens(s) for s in same]

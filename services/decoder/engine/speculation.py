@@ -45,15 +45,15 @@ from services.decoder.model.attention import AttentionWork
 from services.decoder.model.linear import onednn_bf16_supported
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.attention_costs import PATHS, AttentionCosts
-from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.depth_survival import DepthSurvival
-from services.decoder.spec.realized_gain import RealizedGain
+from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import (
     LEARNED_DRAFTERS,
     Drafter,
     DraftRequest,
     make_drafter,
 )
+from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import (
     AcceptanceEstimate,
     BudgetProfile,
@@ -276,9 +276,9 @@ class Speculator:
         would pay for the drafter's forward, charged once for the call, and limits each to its
         predicted length (+ ``LENGTH_HEADROOM`` with confidences): the drafter then scores only
         those positions (its heads run per position), and confidences may still cut the draft or
-        use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent drafting
-        steps against their promises (``RealizedGain``). Returns the kept requests, their asks and
-        the gate's plan."""
+        use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent
+        drafting steps against their promises (``RealizedGain``). Returns the kept requests, their
+        asks and the gate's plan."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
         plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
                           draft_s, self.realized.required_gain(self.MIN_GAIN),
