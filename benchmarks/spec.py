@@ -232,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
                            "spec": spec,
                            "spec_tokens": spec_tokens, "verify_budget": budget, **figures, "paired": args.interleave,
                            "speedup_vs_none": speedup(figures, base[0], args.interleave),
+                           "speedup_runs": paired_ratios(figures, base[0]) if args.interleave else None,
                            "lossless": outputs == base[1]}
                     rows.append(row)
                     bar.update()
+                    spread = (f" [{min(row['speedup_runs']):.2f}-{max(row['speedup_runs']):.2f}]"
+                              if row["speedup_runs"] else "")
                     echo(f"{attention:6s} {kind:12s} c={concurrency:2d} {spec:6s} k={spec_tokens} {budget:8s}: "
-                         f"{figures['tokens_per_s']:7.1f} tok/s x{row['speedup_vs_none']:.2f}  "
+                         f"{figures['tokens_per_s']:7.1f} tok/s x{row['speedup_vs_none']:.2f}{spread}  "
                          f"acc.len {figures['mean_acceptance_length']:.2f}  lossless={row['lossless']}")
                 write_results(args, loaded, rows)
     bar.close()
@@ -291,11 +294,17 @@ def speedup(figures: dict, base: dict, paired: bool) -> float:
     (+-10% between repeats on 2 shared cores) moves far less than a ratio of medians; otherwise
     the ratio of the median tok/s."""
     if paired:
-        runs, base_runs = figures["tokens_per_s_runs"], base["tokens_per_s_runs"]
-        if len(runs) != len(base_runs):
-            raise ValueError(f"paired repeats differ in number: {len(runs)} vs {len(base_runs)}")
-        return statistics.median(a / b for a, b in zip(runs, base_runs))
+        return statistics.median(paired_ratios(figures, base))
     return figures["tokens_per_s"] / base["tokens_per_s"]
+
+
+def paired_ratios(figures: dict, base: dict) -> list[float]:
+    """Repeat i's tok/s over ``base``'s repeat i, for interleaved repeats (the spread that
+    ``speedup``'s median is taken over: what a reader needs to judge a margin of a few %)."""
+    runs, base_runs = figures["tokens_per_s_runs"], base["tokens_per_s_runs"]
+    if len(runs) != len(base_runs):
+        raise ValueError(f"paired repeats differ in number: {len(runs)} vs {len(base_runs)}")
+    return [a / b for a, b in zip(runs, base_runs)]
 
 
 def versus_best_fixed(row: dict, rows: list[dict]) -> tuple[dict, float] | None:

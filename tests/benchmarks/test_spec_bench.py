@@ -102,6 +102,7 @@ def test_a_paired_speedup_is_the_median_of_per_repeat_ratios():
     drifted = {"tokens_per_s": 55.0, "tokens_per_s_runs": [38.0, 72.0]}  # 0.95x, then 1.2x
     assert bench.speedup(drifted, base, paired=True) == pytest.approx((0.95 + 1.2) / 2)
     assert bench.speedup(drifted, base, paired=False) == pytest.approx(1.1)
+    assert bench.paired_ratios(drifted, base) == pytest.approx([0.95, 1.2])
     with pytest.raises(ValueError, match="differ in number"):
         bench.speedup({"tokens_per_s_runs": [1.0]}, base, paired=True)
 
