@@ -161,9 +161,10 @@ def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: li
                  gemm_dtype: str | None = None):
     """Yields ``(setting, figures)`` per setting, in order. Sequential: each setting's engine is
     built, run ``repeats`` times and dropped before the next. Interleaved: every setting's
-    engine is built first and the repeats go round-robin over them (none, a, b, none, a, b, ...),
-    so that slow drift of the machine (other load, memory placement) falls on every setting
-    alike rather than on whichever ran during it; it holds all the engines at once.
+    engine is built first and the repeats go round over them, forwards and backwards in turn
+    (none, a, b, b, a, none, ...), so that slow drift of the machine (other load, memory
+    placement) falls on every setting alike rather than on whichever ran during it; it holds all
+    the engines at once.
     ``batch_size``, ``gemm_dtype``: see ``SettingRun`` and ``DecoderConfig``."""
     def build(setting):
         spec, spec_tokens, budget = setting
@@ -179,8 +180,11 @@ def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: li
             yield setting, run.figures()
         return
     runs = [build(setting) for setting in settings]
-    for _ in range(repeats):
-        for run in runs:
+    for repeat in range(repeats):
+        # odd repeats go the other way round (none, a, b, b, a, none, ...): a drift that builds up
+        # over a round puts setting j after the baseline in one repeat and before it in the next,
+        # so it moves paired ratios both ways instead of always the same way for the last settings
+        for run in runs if repeat % 2 == 0 else runs[::-1]:
             run.run()
     for setting, run in zip(settings, runs):
         run.close()
@@ -203,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention", default="dense", help="dense, sparse or dense,sparse")
     parser.add_argument("--repeats", type=int, default=1, help="runs per setting on one engine; median tok/s")
     parser.add_argument("--interleave", action="store_true",
-                        help="build every setting's engine first and run the repeats round-robin over them "
-                             "(holds them all at once: GiBs each)")
+                        help="build every setting's engine first and run the repeats round over them, forwards "
+                             "and backwards in turn (holds them all at once: GiBs each)")
     parser.add_argument("--gemm-dtype", default=None, choices=["float32", "bfloat16"],
                         help="projection matmul precision (DecoderConfig.gemm_dtype; default: fp32 like the model)")
     parser.add_argument("--name", default="spec", help="output file stem")
