@@ -54,6 +54,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seqs-per-step", type=int, default=4)
     p.add_argument("--anchors-per-seq", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="the training forward's matmul precision (bfloat16: autocast over fp32 weights; "
+                        "auto: bfloat16 where the CPU has bf16 kernels)")
     p.add_argument("--validation-percent", type=float, default=2.0,
                    help="share of the training sequences kept out of training to choose the shipped weights (0: none)")
     p.add_argument("--validate-every-minutes", type=float, default=10.0,
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is None and args.minutes is None:
         raise ValueError("give --minutes (a training time budget) or --steps")
     train = TrainOptions(steps=args.steps, minutes=args.minutes, lr=args.lr, seqs_per_step=args.seqs_per_step,
-                         anchors_per_seq=args.anchors_per_seq, seed=args.seed,
+                         anchors_per_seq=args.anchors_per_seq, seed=args.seed, dtype=args.train_dtype,
                          validate_every_s=args.validate_every_minutes * 60)
     opts = PipelineOptions(
         kind=args.kind, out=args.out, data_dir=args.data_dir, run_dir=args.run_dir, num_prompts=args.num_prompts,

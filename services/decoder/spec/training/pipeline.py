@@ -308,7 +308,8 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
         "train_tokens": sum(len(s.token_ids) for s in train),
         "train_answer_tokens": sum(len(s.token_ids) - s.answer_start for s in train),
         "steps": trainer.step, "train_minutes": round(trainer.elapsed_s / 60, 2),
-        "drafted_positions_seen": trainer.tokens_seen, "device": f"CPU ({torch.get_num_threads()} threads)",
+        "drafted_positions_seen": trainer.tokens_seen, "device": f"CPU ({torch.get_num_threads()} threads"
+        + (", bf16 matmuls)" if opts.train.autocast_bf16 else ")"),
         "final_metrics": {k: round(v, 4) for k, v in metrics.items()},
         "init_from": str(opts.init_from) if opts.init_from else None, "init": init,
         "options": {k: v for k, v in asdict(opts.train).items()},

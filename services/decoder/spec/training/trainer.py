@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from services.decoder.model.linear import onednn_bf16_supported
 from services.decoder.spec.dflash.model import DraftNet
 from services.decoder.spec.training.dataset import Sequence
 from services.decoder.spec.training.validation import BestSnapshot
@@ -70,6 +71,18 @@ class TrainOptions:
     log_every_s: float = 60.0
     validate_every_s: float | None = None  # with a validate scorer; None: only at the end
     seed: int = 0
+    # the forward's matmul precision: "float32", or "bfloat16" (CPU autocast: bf16 matmuls over
+    # fp32 weights, optimizer state and loss; 1.5x the steps per minute on 2 AVX512-BF16 cores,
+    # the loss within 1e-3 of fp32's); "auto": bfloat16 where oneDNN has bf16 kernels
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype must be auto, float32 or bfloat16, not {self.dtype!r}")
+
+    @property
+    def autocast_bf16(self) -> bool:
+        return self.dtype == "bfloat16" or (self.dtype == "auto" and onednn_bf16_supported())
 
 
 def position_weights(count: int, decay: float) -> torch.Tensor:
@@ -262,7 +275,8 @@ class Trainer:
         totals: dict[str, float] = {}
         batch = self.sample_batch()
         for seq, anchors in batch:
-            loss, metrics = sequence_loss(self.net, self.embed, seq, anchors, self.options, self.vocab)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.options.autocast_bf16):
+                loss, metrics = sequence_loss(self.net, self.embed, seq, anchors, self.options, self.vocab)
             (loss / len(batch)).backward()
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + value / len(batch)
