@@ -50,7 +50,7 @@ def test_shipped_drafter_starts_the_budget_from_its_heldout_acceptance(loaded_mo
     llm = LLM(loaded=loaded_model, spec=kind, spec_tokens=7, verify_budget="adaptive")
     prior = llm.engine.speculator.drafter.prior_acceptance
     assert expected_committed([prior] * 7) == pytest.approx(heldout)
-    assert llm.engine.speculator.acceptance.rate == pytest.approx(prior)
+    assert llm.engine.speculator.depth.rates(1) == pytest.approx([prior])
     # the start-up profile built every weight copy the draft head's kernels use (MKL pack buckets,
     # oneDNN's), so no drafter call while serving pays for (and is priced at) a pack build
     head = llm.engine.speculator.drafter.head

@@ -4,7 +4,6 @@ import pytest
 
 from dhisparse import LLM, SamplingParams
 from services.decoder.spec.verify_budget import (
-    AcceptanceEstimate,
     CalibratedCosts,
     CostTable,
     choose_draft_length,
@@ -21,7 +20,7 @@ STEEP = CostTable((1, 2, 4, 8), (0.010, 0.020, 0.040, 0.080))  # compute-bound: 
 def test_calibrated_costs_follow_what_serving_measures():
     costs = CalibratedCosts(FLAT)  # profiled: 10 ms at every count
     assert costs.seconds_at(64) == pytest.approx(0.010)  # nothing measured yet: the profile
-    for _ in range(150):  # (one measurement moves an anchor at most 2x: 8x takes a while)
+    for _ in range(2000):  # (one measurement moves an anchor at most 2x, and the shape learns at WEIGHT)
         costs.observe(8, 0.010)  # serving: 8-token steps take 10 ms ...
         costs.observe(64, 0.080)  # ... and 64-token steps (drafts verified) 80 ms
     assert costs.seconds_at(8) == pytest.approx(0.010) and costs.seconds_at(64) == pytest.approx(0.080)
@@ -36,9 +35,27 @@ def test_calibrated_costs_follow_what_serving_measures():
     assert costs.seconds_at(2) == pytest.approx(0.100)
 
 
+def test_an_anchor_not_measured_for_a_while_follows_the_machines_speed():
+    """The gate compares a step with drafts (4 batch tokens at c=1) against the same step without
+    (1). While every step drafts, only the 4-token anchor is measured; when the machine slows down
+    by 30%, the 1-token price must slow down with it, or every draft looks 30% better than it is."""
+    table = CostTable((1, 4), (0.010, 0.012))
+    costs = CalibratedCosts(table)
+    for _ in range(50):
+        costs.observe(1, 0.010)
+        costs.observe(4, 0.012)
+    for _ in range(100):  # slower, measured at 4 tokens only
+        costs.observe(4, 0.012 * 1.3)
+    assert costs.seconds_at(4) == pytest.approx(0.012 * 1.3, rel=1e-3)
+    # measured at one count, a slowdown cannot be told from a change of shape there: the speed
+    # takes about WEIGHT / (WEIGHT + SPEED_WEIGHT) less than all of it (1.3^0.91: 2.3% short)
+    assert costs.seconds_at(1) == pytest.approx(0.010 * 1.3, rel=0.03)
+    assert costs.seconds_at(4) / costs.seconds_at(1) == pytest.approx(1.2, rel=0.03)
+
+
 def test_calibrated_interpolation_matches_a_brute_force_reading_of_the_anchors():
-    """ratio_at: the measured anchors around log2(count), linearly on the log2 axis; the nearest
-    one beyond them; 1 with none (read from ``ratios``/``weights`` directly here)."""
+    """ratio_at: the speed times the measured anchors around log2(count), linearly on the log2
+    axis; the nearest one beyond them; 1 with none (read from ``ratios``/``weights`` directly here)."""
     import math
     import random
 
@@ -57,7 +74,7 @@ def test_calibrated_interpolation_matches_a_brute_force_reading_of_the_anchors()
             else:
                 lo, hi = below[-1], above[0]
                 want = costs.ratios[lo] + (costs.ratios[hi] - costs.ratios[lo]) * (x - lo) / (hi - lo)
-            assert costs.ratio_at(count) == pytest.approx(want)
+            assert costs.ratio_at(count) == pytest.approx(costs.speed * want)
 
 
 def test_expected_committed_is_one_plus_survival_products():
@@ -109,27 +126,6 @@ def test_lengths_are_chosen_for_the_whole_step():
     assert choose_draft_lengths([[0.8] * 3, [0.8] * 3], 2, 2, mild, [0.0, 0.004]) == [3, 0]
 
 
-def test_acceptance_estimate_counts_accepted_positions_per_trial():
-    """p = accepted / (accepted + rejections), as moving averages: a draft fully accepted has no
-    rejection (the run was censored by the draft's end), a partial one ends with exactly one."""
-    est = AcceptanceEstimate(prior=0.5, weight=0.5)
-    assert est.rate == pytest.approx(0.5)  # one pseudo-trial at the prior
-    est.update(4, 4)  # accepted 0.5 * 0.5 + 0.5 * 4 = 2.25 of trials 0.5 * 1 + 0.5 * 4 = 2.5
-    assert est.rate == pytest.approx(0.9)
-    est.update(0, 0)  # no draft: no information
-    assert est.rate == pytest.approx(0.9)
-    est.update(4, 0)  # accepted 1.125 of trials 1.25 + 0.5
-    assert est.rate == pytest.approx(1.125 / 1.75)
-    # a drafter with survival about 0.9 on 7-token drafts is read as about 0.9 (accepted / drafted
-    # would be 0.6)
-    steady = AcceptanceEstimate(weight=0.01)
-    for run in [7, 2, 9, 0, 14, 5, 3, 11, 6] * 200:  # accepted runs before the first rejection
-        steady.update(7, min(run, 7))
-    censored = [min(r, 7) for r in [7, 2, 9, 0, 14, 5, 3, 11, 6]]
-    rejections = sum(r < 7 for r in [7, 2, 9, 0, 14, 5, 3, 11, 6])
-    assert steady.rate == pytest.approx(sum(censored) / (sum(censored) + rejections), rel=0.02)
-
-
 def test_the_drafters_own_cost_is_charged_once_when_any_position_is_taken():
     mild = CostTable((1, 9), (0.010, 0.018))
     assert choose_draft_length([0.8] * 8, 0, mild) == 6
@@ -139,18 +135,6 @@ def test_the_drafters_own_cost_is_charged_once_when_any_position_is_taken():
     # a drafter that costs more than anything its drafts can commit: nothing is drafted
     assert choose_draft_lengths([[0.3] * 8], 1, 1, mild, draft_s=0.020) == [0]
     assert choose_draft_lengths([[0.3] * 8], 1, 1, mild) != [0]
-
-
-def test_an_idle_estimate_drifts_back_to_the_prior():
-    est = AcceptanceEstimate(rate=0.3, prior=0.7, drift=0.05)
-    steps = 0
-    while est.rate < 0.5:
-        est.idle()
-        steps += 1
-    assert steps == 14  # 0.7 - 0.4 * 0.95**n >= 0.5  <=>  n >= 13.5
-    for _ in range(1000):
-        est.idle()
-    assert est.rate == pytest.approx(0.7)
 
 
 def test_a_dip_in_the_calibrated_step_costs_never_makes_a_draft_look_free():
@@ -165,15 +149,6 @@ def test_a_dip_in_the_calibrated_step_costs_never_makes_a_draft_look_free():
     assert choose_draft_lengths([[0.9] * 8], 1, 1, costs, draft_s=0.020) == [8]
 
 
-def test_an_idle_estimate_drifts_towards_the_given_target():
-    est = AcceptanceEstimate(rate=0.5, prior=0.7, drift=0.1)
-    est.idle(toward=0.1)
-    assert est.rate == pytest.approx(0.5 + 0.1 * (0.1 - 0.5))
-    for _ in range(1000):
-        est.idle(toward=0.1)
-    assert est.rate == pytest.approx(0.1)
-
-
 def test_survival_from_a_mean_acceptance_length():
     assert survival_from_acceptance_length(1.5, 1) == pytest.approx(0.5)
     assert survival_from_acceptance_length(1.75, 2) == pytest.approx(0.5)  # 1 + 0.5 + 0.25
@@ -184,17 +159,6 @@ def test_survival_from_a_mean_acceptance_length():
     for bad in (0.9, 8.5):
         with pytest.raises(ValueError, match="impossible"):
             survival_from_acceptance_length(bad, 7)
-
-
-def test_failed_probes_back_off_and_a_success_restores_the_drift():
-    est = AcceptanceEstimate(drift=0.05)
-    est.update(4, 0)
-    assert est.drift == pytest.approx(0.025)
-    for _ in range(10):
-        est.update(4, 0)
-    assert est.drift == pytest.approx(AcceptanceEstimate.MIN_DRIFT)
-    est.update(4, 1)
-    assert est.drift == pytest.approx(0.05)
 
 
 def test_adaptive_budget_is_lossless_and_profiles_the_engine(loaded_model):
@@ -247,11 +211,11 @@ def test_the_drafter_does_not_run_when_no_draft_can_pay_for_it(loaded_model):
             assert speculator.num_skipped_steps == 22
 
 
-def test_requests_start_from_and_drift_to_the_drafters_pooled_acceptance(loaded_model):
-    """A drafter known to accept little (pooled estimate 0.05, e.g. from its held-out figure) is
+def test_requests_start_from_the_drafters_pooled_profile(loaded_model):
+    """A drafter known to accept little (pooled profile 0.05, e.g. from its held-out figure) is
     not probed by new requests at a guessed 0.7: with a drafter cost that 0.7 would pay for and
-    0.05 would not, it never runs; with the pooled estimate at 0.7 it does, and every verified
-    draft counts in the pooled estimate. Outputs equal plain decoding either way."""
+    0.05 would not, it never runs; with the profile at 0.7 it does, and every verified draft
+    counts in the profile. Outputs equal plain decoding either way."""
     from services.decoder.spec.depth_survival import DepthSurvival
     from services.decoder.spec.verify_budget import BudgetProfile
 
@@ -266,10 +230,9 @@ def test_requests_start_from_and_drift_to_the_drafters_pooled_acceptance(loaded_
     plain = LLM(loaded=loaded_model).generate(prompts, params)
     llm = LLM(loaded=loaded_model, spec="ngram", spec_tokens=8, verify_budget="adaptive")
     speculator = llm.engine.speculator
-    assert speculator.acceptance.rate == pytest.approx(speculator.drafter.prior_acceptance)
+    assert speculator.depth.prior == pytest.approx(speculator.drafter.prior_acceptance)
     for pooled, drafts in ((0.05, False), (0.7, True)):
         speculator.profile = BudgetProfile(FLAT, CostTable((1, 16), (draft_s, draft_s)))
-        speculator.acceptance = AcceptanceEstimate(prior=pooled, weight=speculator.POOLED_WEIGHT)
         speculator.depth = DepthSurvival(pooled, speculator.spec_tokens)  # the pooled profile per position
         speculator.num_drafter_calls = 0
         outs = llm.generate(prompts, params)
@@ -277,8 +240,8 @@ def test_requests_start_from_and_drift_to_the_drafters_pooled_acceptance(loaded_
         assert (speculator.num_drafter_calls > 0) == drafts
         verified = outs[0].stats["num_verify_steps"]
         assert (verified > 0) == drafts
-        # the pooled estimate moved only if drafts were verified (one pseudo-trial + EMA of them)
-        assert (speculator.acceptance.trials != 1.0) == drafts
+        # the pooled profile counted trials only if drafts were verified
+        assert (speculator.depth.trials[0] > 0) == drafts
 
 
 def test_one_measurement_moves_a_cost_at_most_twofold_and_skipping_relaxes_it():
@@ -287,17 +250,23 @@ def test_one_measurement_moves_a_cost_at_most_twofold_and_skipping_relaxes_it():
     measurement counts as at most 2x off the current estimate, and while the drafter is skipped
     the correction relaxes back towards the profile."""
     costs = CalibratedCosts(CostTable((1, 16), (0.010, 0.010)))
+    w, ws = CalibratedCosts.WEIGHT, CalibratedCosts.SPEED_WEIGHT
     costs.observe(1, 0.040)
-    assert costs.seconds_at(1) == pytest.approx(0.020)  # 2x, not 4x
-    costs.observe(1, 0.040)
-    assert costs.seconds_at(1) == pytest.approx(0.010 * (2.0 + 0.1 * (4.0 - 2.0)))  # in range: averaged in
+    assert costs.seconds_at(1) == pytest.approx(0.020)  # 2x, not 4x (speed 2^ws, the shape the rest)
+    assert costs.speed == pytest.approx(2.0**ws)
+    costs.observe(1, 0.040)  # 4x is in range now: the speed takes its share, the shape averages in
+    speed = 2.0**ws * 2.0**ws
+    shape = 2.0 / 2.0**ws + w * (4.0 / speed - 2.0 / 2.0**ws)
+    assert costs.speed == pytest.approx(speed)
+    assert costs.seconds_at(1) == pytest.approx(0.010 * speed * shape)
     costs.relax(0.5)
-    assert costs.ratio_at(1) == pytest.approx(1.0 + 0.5 * 1.2)
+    assert costs.ratio_at(1) == pytest.approx((1 + 0.5 * (speed - 1)) * (1 + 0.5 * (shape - 1)))
     for _ in range(300):
         costs.relax(0.1)
     assert costs.seconds_at(1) == pytest.approx(0.010)
-    costs.observe(1, 0.001)
-    assert costs.seconds_at(1) == pytest.approx(0.010 * (1 + 0.1 * (0.5 - 1)))  # downwards: at most half, averaged in
+    costs.observe(1, 0.001)  # downwards: at most half
+    speed = 0.5**ws
+    assert costs.seconds_at(1) == pytest.approx(0.010 * speed * (1 + w * (0.5 / speed - 1)))
 
 
 @pytest.mark.parametrize("confidences", [True, False])
@@ -340,7 +309,10 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     calls.clear()
     speculator.propose([request])
     assert calls == [] and speculator.num_skipped_steps == 1
-    assert speculator.draft_costs.ratio_at(1) == pytest.approx(2.0 - speculator.COST_RELAX * 1.0)
+    speed = 2.0**CalibratedCosts.SPEED_WEIGHT  # 2x: the speed's share and the shape's (2 / speed)
+    relax = speculator.COST_RELAX
+    assert speculator.draft_costs.ratio_at(1) == pytest.approx((speed + relax * (1 - speed))
+                                                               * (2 / speed + relax * (1 - 2 / speed)))
 
 
 def test_a_draft_must_clear_the_minimum_gain():

@@ -141,12 +141,14 @@ def test_the_gate_reads_the_pooled_estimate_when_drafts_carry_confidences(confid
     or so). With confidences the gate reads the pooled estimate and the drafter runs (its
     confidences then judge this request's draft); without, the request's own estimate keeps it off."""
     from services.decoder.engine.speculation import Speculator
-    from services.decoder.spec.verify_budget import AcceptanceEstimate, BudgetProfile
+    from services.decoder.spec.depth_survival import RequestSurvival
+    from services.decoder.spec.verify_budget import BudgetProfile
 
     request = _decoding_request()
     speculator = Speculator(_drafter(prior=0.6, confidences=confidences), spec_tokens=4)
     speculator.profile = BudgetProfile(*FLAT_PROFILE)
-    request.acceptance = AcceptanceEstimate(prior=0.6, rate=0.01)
+    # no survivals where the profile expected 59 priors' worth: scale 1/60, so 0.6 reads as 0.01
+    request.survival = RequestSurvival(observed=0.0, expected=59 * RequestSurvival.PRIOR)
     speculator.propose([request])
     assert speculator.num_drafter_calls == (1 if confidences else 0)
     assert bool(request.draft_ids) is confidences

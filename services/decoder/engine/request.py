@@ -17,7 +17,7 @@ import torch
 from services.decoder.engine.sampling_params import SamplingParams
 from services.decoder.engine.stop_checker import StopChecker
 from services.decoder.kv.sparse_buffer import SparseBuffer
-from services.decoder.spec.verify_budget import AcceptanceEstimate
+from services.decoder.spec.depth_survival import RequestSurvival
 
 
 class Residency(enum.Enum):
@@ -100,7 +100,7 @@ class Request:
         self.buffer: SparseBuffer | None = None  # SPARSE only
         self.num_computed_tokens = 0
         self.draft_ids: list[int] = []  # proposed for the next step; never part of the request's tokens
-        self.acceptance: AcceptanceEstimate | None = None  # running draft acceptance (set by the Speculator)
+        self.survival: RequestSurvival | None = None  # its drafts' survival vs the pooled profile (set by the Speculator)
         self.num_host_pages = 0  # leading pages whose bytes the host tier holds (written back)
         self.pending_fetch: list[int] = []  # pages to copy host -> their slots before the next forward
         self.promoting = False  # SPARSE -> FULL under way: cold pages are being fetched

@@ -5,27 +5,24 @@ drafter for a block; all requests draft in one drafter call. With the adaptive v
 (``spec/verify_budget.py``) the block is cut to the length that maximises expected committed
 tokens per second of step time, from the drafter's per-position confidences (DSpark; mapped
 to the survival rates verification has measured for them, ``ConfidenceCalibration``) or, for a
-drafter without them, the pooled survival per draft position (``DepthSurvival``) scaled by the
-request's running acceptance rate, the step costs profiled at start-up, and, for a SPARSE
+drafter without them, the pooled survival per draft position (``DepthSurvival``) scaled by how
+the request's drafts have survived against it (``RequestSurvival``), the step costs profiled at start-up, and, for a SPARSE
 request, the host fetches its larger working set costs. Before that, the adaptive budget asks
-whether drafting can pay for the drafter's own forward at all: with each request's running
-survival estimate, the profiled step costs and the profiled drafter cost, the requests for which
+whether drafting can pay for the drafter's own forward at all: with each request's predicted
+survival, the profiled step costs and the profiled drafter cost, the requests for which
 no draft would pay are left out, and when none is left the drafter does not run (those requests'
-estimates drift back towards the drafter's pooled estimate, and the drafter's measured cost
-towards its profile, so they probe again later). The gate holds itself to its promises: every
-drafting step reports the tokens it committed and the seconds it took (proposal and target pass)
-against what the gate promised, and a shortfall raises the gain a draft must promise
-(``RealizedGain``). A request that drafts is asked for its predicted length only, + ``LENGTH_HEADROOM``
+evidence ages towards the pooled profile, the profile's towards the drafter's prior and the
+drafter's measured cost towards its profile, so they probe again later). The gate holds itself to its prices: every
+drafting step reports the seconds it took (proposal and target pass) against what the gate
+priced it at, and a shortfall raises the gain a draft must promise (``RealizedGain``). A request that drafts is asked for its predicted length only, + ``LENGTH_HEADROOM``
 tokens for a drafter with confidences (they may show a longer draft is worth it): a block
 drafter then scores only those positions, which on a 2-core CPU is what lets one- and two-token
 drafts pay at concurrency 1.
 
-The pooled estimate (``Speculator.acceptance``) counts every verified draft of every request.
-It starts from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out
-acceptance), a new request's estimate starts from it, and idle estimates drift towards it, so a
-drafter that is known to accept little is not re-probed at a guessed 0.7 by every request. On
-steps where the drafter had candidates but nothing was verified, the pooled estimate itself
-drifts back to the prior (with the same back-off), so probing never stops for good. Both cost tables start from
+The pooled profile (``Speculator.depth``) counts every verified draft of every request. It
+starts from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out
+acceptance) and a new request starts at the profile (scale 1), so a drafter that is known to
+accept little is not probed at a guessed 0.7 by every request. Both cost tables start from
 the profile and are corrected by the step and drafter times measured while serving
 (``CalibratedCosts``). After the step, a drafter
 that conditions on the target gets the committed positions' features (never rejected rows).
@@ -45,7 +42,7 @@ from services.decoder.model.attention import AttentionWork
 from services.decoder.model.linear import onednn_bf16_supported
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.attention_costs import PATHS, AttentionCosts
-from services.decoder.spec.depth_survival import DepthSurvival
+from services.decoder.spec.depth_survival import DepthSurvival, RequestSurvival
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import (
     LEARNED_DRAFTERS,
@@ -55,7 +52,6 @@ from services.decoder.spec.drafter import (
 )
 from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import (
-    AcceptanceEstimate,
     BudgetProfile,
     CalibratedCosts,
     ConfidenceCalibration,
@@ -82,11 +78,6 @@ def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
 
 
 class Speculator:
-    POOLED_WEIGHT = 0.05  # of the newest verified draft in the pooled estimate (many per step)
-    # of the newest verified draft in a request's estimate: ~10 verify steps of memory, so a
-    # drafter whose survival sits just above break-even (0.3 vs 0.23 at c=1) is not switched off
-    # by two unlucky probes
-    REQUEST_WEIGHT = 0.1
     # draft positions a drafter with confidences is asked for beyond the gate's predicted length.
     # One without confidences gets none: after its call the budget knows nothing new of the draft,
     # so the headroom was scored by the drafter (0.35 ms per position at c=4) and then cut or
@@ -101,7 +92,9 @@ class Speculator:
     # margin of 8% at c=4 kept the drafter off 60% of the steps where fixed k=1 measured
     # 1.03-1.15x. At c=1 it is 2% as before (a flat 5% there cut dflash from 1.08x to 1.01x)
     MIN_GAIN = 0.02
-    COST_RELAX = 0.02  # of the drafter's cost correction undone per skipped step (see CalibratedCosts.relax)
+    # of the drafter's cost correction and of the pooled profile's counts undone per skipped step
+    # (``CalibratedCosts.relax``, ``DepthSurvival.relax``)
+    COST_RELAX = 0.02
 
     def __init__(self, drafter: Drafter, spec_tokens: int,
                  query_key_rows: Callable[[Request], tuple[str, int]] | None = None):
@@ -111,7 +104,6 @@ class Speculator:
         self.spec_tokens = spec_tokens
         self.query_key_rows = query_key_rows
         self.attention_costs: AttentionCosts | None = None
-        self.acceptance = AcceptanceEstimate(prior=drafter.prior_acceptance, weight=self.POOLED_WEIGHT)
         self.depth = DepthSurvival(drafter.prior_acceptance, max(spec_tokens, 1))  # pooled survival per position
         self._profile: BudgetProfile | None = None
         self.step_costs: CalibratedCosts | None = None
@@ -158,7 +150,7 @@ class Speculator:
         promise, self._promise = self._promise, None
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
             plan = promise[1]
-            self.realized.observe(plan.expected_committed, plan.seconds, decoded[1], seconds + self._propose_s)
+            self.realized.observe(plan.seconds, seconds + self._propose_s)
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -193,24 +185,23 @@ class Speculator:
                 + sum(n * self.fetch_s_per_position(r) for r, n in decoding))
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
-        """A verified draft: updates the request's estimate, the pooled one and, for a drafter
-        with confidences, their calibration."""
+        """A verified draft: updates the request's survival against the pooled profile, the
+        profile and, for a drafter with confidences, their calibration."""
+        expected = self.depth.expected(num_drafted, num_accepted)
         self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else self._scale(request))
-        self.estimate(request).update(num_drafted, num_accepted)
-        self.acceptance.update(num_drafted, num_accepted)
+        self.survival(request).update(num_accepted, expected)
         confidences = self._confidences.pop(request.request_id, None)
         if confidences:
             self.calibration.observe(confidences[:num_drafted], num_accepted)
 
-    def estimate(self, request: Request) -> AcceptanceEstimate:
-        """The request's running estimate; a new request starts from the pooled one."""
-        if request.acceptance is None:
-            request.acceptance = AcceptanceEstimate(prior=self.drafter.prior_acceptance, rate=self.acceptance.rate,
-                                                    weight=self.REQUEST_WEIGHT)
-        return request.acceptance
+    def survival(self, request: Request) -> RequestSurvival:
+        """The request's survival against the pooled profile; a new request's is the profile's."""
+        if request.survival is None:
+            request.survival = RequestSurvival()
+        return request.survival
 
     def _idle(self, request: Request) -> None:
-        self.estimate(request).idle(toward=self.acceptance.rate)
+        self.survival(request).idle()
 
     def propose(self, running: list[Request]) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step."""
@@ -230,9 +221,7 @@ class Speculator:
                 max_tokens.append(min(self.spec_tokens, room))
         if self.profile is not None and drafting:
             drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
-            if not drafting:
-                self.acceptance.idle()
-            else:
+            if drafting:
                 self._promise = (len(running), promise)
         if not drafting:
             return
@@ -262,8 +251,6 @@ class Speculator:
                 if draft.tokens and length == 0:
                     self._idle(request)
                 draft.tokens = draft.tokens[:length]
-            if not any(lengths):
-                self.acceptance.idle()
         for request, draft in zip(drafting, drafts):
             request.draft_ids = draft.tokens
             if draft.confidences and draft.tokens:
@@ -272,7 +259,7 @@ class Speculator:
                 self._confidences.pop(request.request_id, None)
 
     def _worth_the_drafter(self, running, drafting, max_tokens):
-        """Keeps the requests whose predicted draft (running survival estimate, full length)
+        """Keeps the requests whose predicted draft (predicted survival, full length)
         would pay for the drafter's forward, charged once for the call, and limits each to its
         predicted length (+ ``LENGTH_HEADROOM`` with confidences): the drafter then scores only
         those positions (its heads run per position), and confidences may still cut the draft or
@@ -292,6 +279,7 @@ class Speculator:
             self.num_skipped_steps += 1
             self.draft_costs.relax(self.COST_RELAX)
             self.realized.relax(self.COST_RELAX)
+            self.depth.relax(self.COST_RELAX)
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan
 
@@ -299,10 +287,10 @@ class Speculator:
         """The per-position survival the gate predicts a request's draft at. A drafter with
         confidences says per request, after its call, how far each draft will survive
         (calibrated), so before the call the gate needs only the drafter's pooled profile: a
-        request's own running estimate (~10 verify steps of memory) dips below break-even by
-        chance (most one-token DSpark drafts fail at c=1), and gating on it skipped steps where
+        request's own survival dips below break-even by chance (most one-token DSpark drafts
+        fail at c=1), and gating on it (as a 10-step running rate then) skipped steps where
         drafting paid (c=1, 4 repeats paired: 1.045x vs 1.097x of no speculation, fixed k=2
-        1.11x). Without confidences (n-gram, DFlash) the request's own estimate is all there is
+        1.11x). Without confidences (n-gram, DFlash) the request's own survival is all there is
         of its text (copy-heavy or not), so it scales the profile (``_survival``)."""
         if self.drafter.has_confidences:
             return self.depth.rates(num_positions)
@@ -310,12 +298,12 @@ class Speculator:
 
     def _survival(self, request: Request, num_positions: int) -> list[float]:
         """A draft without confidences: the pooled survival per position, scaled by how the
-        request's running rate compares with the pooled one."""
+        request's drafts have survived against it."""
         return self.depth.rates(num_positions, self._scale(request))
 
     def _scale(self, request: Request) -> float:
-        """The request's running survival over the pooled one."""
-        return max(self.estimate(request).rate, 1e-3) / max(self.acceptance.rate, 1e-3)
+        """The request's survival over the pooled profile's."""
+        return self.survival(request).scale
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:

@@ -10,7 +10,7 @@ step's requests, since each verified token costs every request step time); for o
 
 where p_i is the probability that draft position i survives given its prefix did (the drafter's
 confidence; the n-gram drafter and DFlash have none, so p_i is the drafter's pooled survival at
-depth i, ``spec/depth_survival.py``, scaled by the request's running survival estimate),
+depth i, ``spec/depth_survival.py``, scaled by how the request's drafts have survived against it),
 ``step_s`` is the engine's measured step time at ``T`` batch tokens (a table profiled at
 start-up, interpolated; a count that the GEMM plan pads up to an MKL pack's bucket costs that
 bucket; ``T`` = the step's other tokens + 1) plus the attention of its query tokens, priced
@@ -76,16 +76,31 @@ class CostTable:
 
 
 class CalibratedCosts:
-    """A profiled ``CostTable`` corrected by what the engine measures while it serves: a moving
-    average of measured / profiled seconds at anchor counts 1, 2, 4, ... (a measurement updates
-    the two anchors around its count, weighted by distance on the log2 axis). Between anchors that
-    have measurements the correction is interpolated; beyond them the nearest one holds; with none
-    it is 1. The start-up profile times one request on an idle engine; serving steps carry many
-    requests (per-request attention, sampling, verification) on a machine that may be busy, and
-    the budget must price what a verified token really costs there."""
+    """A profiled ``CostTable`` corrected by what the engine measures while it serves: the
+    machine's current ``speed`` (every measurement, whatever its count) times a *shape*
+    correction per count, a moving average of measured / (speed x profiled) seconds at anchor
+    counts 1, 2, 4, ... (a measurement updates the two anchors around its count, weighted by
+    distance on the log2 axis). Between anchors that have measurements the shape is
+    interpolated; beyond them the nearest one holds; with none it is 1. The start-up profile
+    times one request on an idle engine; serving steps carry many requests (per-request
+    attention, sampling, verification) on a machine that may be busy, and the budget must price
+    what a verified token really costs there.
+
+    Why two factors: the budget compares steps of different sizes (a step with drafts against
+    the same step without), and on a shared machine the step time drifts by 20-30% within a
+    minute. With one correction per anchor, an anchor that was last measured a while ago keeps
+    the speed of then: at c=1, while every step drafted (4 batch tokens), the 1-token anchor kept
+    a slow minute's 56 ms while 4-token steps measured 46 ms, every draft looked 20% better than
+    it was, the gate's promises fell short and the shortfall then kept the drafter off where
+    it paid. The speed moves every anchor at once (``SPEED_WEIGHT``, fast); the shape learns what
+    differs between counts (``WEIGHT``, slow)."""
 
     MAX_LOG2 = 12  # anchors 1 .. 4096
-    WEIGHT = 0.1  # of the newest measurement at its anchor
+    # of the newest measurement at its anchor's shape (after the first, which sets it): a tenth of
+    # the speed's, so a lasting change measured at one count moves the speed ~90% of the way and
+    # that anchor's shape the rest (the two cannot be told apart from one count)
+    WEIGHT = 0.01
+    SPEED_WEIGHT = 0.1  # of the newest measurement in the speed (geometric)
     LIMITS = (0.1, 10.0)  # the correction never goes beyond these factors (outliers: a preempted step)
     # one measurement counts as at most this factor off the current estimate: a one-off (a GEMM
     # pack built on first use, a page fault) must not set an anchor outright, since a budget
@@ -94,14 +109,15 @@ class CalibratedCosts:
 
     def __init__(self, table: CostTable):
         self.table = table
-        self.ratios = [1.0] * (self.MAX_LOG2 + 1)
+        self.speed = 1.0
+        self.ratios = [1.0] * (self.MAX_LOG2 + 1)  # the shape at each anchor
         self.weights = [0.0] * (self.MAX_LOG2 + 1)  # measurement weight each anchor has seen
         self._seen: list[int] = []  # anchors with a measurement, ascending (the budget reads often)
 
     def _log2(self, count: int) -> float:
         return min(max(math.log2(max(count, 1)), 0.0), float(self.MAX_LOG2))
 
-    def ratio_at(self, count: int) -> float:
+    def shape_at(self, count: int) -> float:
         x = self._log2(count)
         seen = self._seen
         if not seen:
@@ -116,6 +132,9 @@ class CalibratedCosts:
         frac = (x - lo) / (hi - lo)
         return self.ratios[lo] * (1 - frac) + self.ratios[hi] * frac
 
+    def ratio_at(self, count: int) -> float:
+        return self.speed * self.shape_at(count)
+
     def seconds_at(self, count: int) -> float:
         return self.table.seconds_at(count) * self.ratio_at(count)
 
@@ -127,6 +146,8 @@ class CalibratedCosts:
         current = self.ratio_at(count)
         observed = min(max(seconds / profiled, current / self.MAX_JUMP), current * self.MAX_JUMP)
         observed = min(max(observed, self.LIMITS[0]), self.LIMITS[1])
+        self.speed *= (observed / current) ** self.SPEED_WEIGHT
+        shape = observed / self.speed
         x = self._log2(count)
         lo = min(int(x), self.MAX_LOG2 - 1)
         for index, share in ((lo, 1 - (x - lo)), (lo + 1, x - lo)):
@@ -134,15 +155,16 @@ class CalibratedCosts:
                 continue
             # the first measurement at an anchor replaces the neutral 1; later ones average in
             w = share if self.weights[index] == 0 else self.WEIGHT * share
-            self.ratios[index] += w * (observed - self.ratios[index])
+            self.ratios[index] += w * (shape - self.ratios[index])
             if self.weights[index] == 0:
                 bisect.insort(self._seen, index)
             self.weights[index] += share
 
     def relax(self, rate: float) -> None:
-        """Moves every correction ``rate`` of the way back to 1 (the profile): called while the
-        table is not being measured (the drafter skipped), so that an estimate made high by
-        measurements no longer current lets the drafter run, and be measured, again."""
+        """Moves the speed and every shape correction ``rate`` of the way back to 1 (the profile):
+        called while the table is not being measured (the drafter skipped), so that an estimate
+        made high by measurements no longer current lets the drafter run, and be measured, again."""
+        self.speed += rate * (1.0 - self.speed)
         for index in self._seen:
             self.ratios[index] += rate * (1.0 - self.ratios[index])
 
@@ -167,47 +189,6 @@ class BudgetProfile:
     def draft_s_per_position(self, num_requests: int) -> float:
         """What one more asked position costs a call drafting for ``num_requests`` requests."""
         return 0.0 if self.draft_position_costs is None else self.draft_position_costs.seconds_at(num_requests)
-
-
-class AcceptanceEstimate:
-    """A per-position draft survival probability ``rate`` (a request's, or a drafter's pooled over
-    all requests): P(position i is accepted | position i-1 was). Every verify step is a run of accepted positions ended by one rejection (or
-    by the draft's end, which censors it), so the estimate is accepted / (accepted + rejections),
-    with both counts as exponential moving averages over verify steps (``weight`` of the newest),
-    starting from one pseudo-trial at ``prior``. (accepted / drafted would read p = 0.9 as 0.6 on
-    7-token drafts.)"""
-
-    MIN_DRIFT = 0.05 / 64  # after six failed probes in a row
-
-    def __init__(self, prior: float = 0.7, weight: float = 0.3, drift: float = 0.05, rate: float | None = None):
-        self.prior, self.weight, self.drift = prior, weight, drift
-        self.base_drift = drift
-        self.trials = 1.0
-        self.accepted = prior if rate is None else rate
-
-    @property
-    def rate(self) -> float:
-        return self.accepted / self.trials
-
-    def idle(self, toward: float | None = None) -> None:
-        """A step where the budget verified none of the request's draft: nothing was observed, so
-        the estimate drifts back towards ``toward`` (the drafter's pooled acceptance, see
-        ``Speculator``; the prior when not given). Without that, a request that once accepted
-        little would never verify again, even after its text turned copy-heavy; with it, it
-        probes again after a while (about 14 idle steps from 0.3 to 0.5 towards 0.7). Each probe
-        that accepts nothing halves the drift (back-off: a drafter that keeps failing on this
-        text is tried ever more rarely, down to ``MIN_DRIFT``); one that accepts something
-        restores it."""
-        target = self.prior if toward is None else toward
-        self.accepted = (self.rate + self.drift * (target - self.rate)) * self.trials
-
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        if num_drafted > 0:
-            rejected = 1 if num_accepted < num_drafted else 0
-            keep = 1 - self.weight
-            self.accepted = keep * self.accepted + self.weight * num_accepted
-            self.trials = keep * self.trials + self.weight * (num_accepted + rejected)
-            self.drift = self.base_drift if num_accepted else max(self.drift / 2, self.MIN_DRIFT)
 
 
 class ConfidenceCalibration:
