@@ -14,9 +14,10 @@ twice as good as they are, and the budget verified 2-3 tokens per request where 
 ``MAX_TRIALS`` scaled down so the profile follows a change of text. A depth's rate adds
 ``PRIOR_TRIALS`` pseudo-trials at the rate of the depth before it (depth 0: at the drafter's
 prior), so a depth that drafts rarely reach reads like its shallower neighbour, not like a
-guess. A request's own running rate (its text may be copy-heavy, or not) scales the pooled
-profile: ``rates(n, scale)``, the scale a ``RequestSurvival``. So each trial counts as the scale its request was predicted at
-(survival = profile x scale: the profile's estimate is survivals / summed scales): the budget
+guess. How a request's own drafts survive against it (its text may be copy-heavy, or not)
+scales the pooled profile: ``rates(n, scale)``, the scale a ``RequestSurvival``. So each trial
+counts as the scale its request was predicted at (survival = profile x scale: the profile's
+estimate is survivals / summed scales): the budget
 lets only its best requests reach the deeper positions, and counting their trials as 1 each read
 DFlash's second position at c=4 as 0.38 where fixed 2-token drafts measure 0.21, a bias the
 request's scale then applied a second time.
