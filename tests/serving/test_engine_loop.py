@@ -82,11 +82,12 @@ def test_queue_limit_and_drain(loop):
     params = SamplingParams(max_tokens=300, ignore_eos=True)
     long_prompt = list(range(1, 200))
     handles = []
-    # 2 running (max_num_seqs) + 2 waiting (max_num_waiting); one of the next few is refused
+    # 2 seats (max_num_seqs) + 2 waiting places (max_num_waiting): exactly the 5th is refused, however
+    # many of the first 4 a step has moved to running by then (none finishes in the meantime)
     with pytest.raises(QueueFullError):
         for i in range(8):
             handles.append(loop.submit(long_prompt, params, f"w{i}"))
-    assert len(handles) >= 2
+    assert len(handles) == 4
     loop.drain()
     with pytest.raises(DrainingError):
         loop.submit([1], SamplingParams(max_tokens=1), "late")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from services.decoder.service.engine_loop import LoopStats
-from services.decoder.service.heartbeat import DecoderIdentity, Heartbeat
+from services.decoder.service.heartbeat import DecoderIdentity, Heartbeat, heartbeat_fields
 from services.gateway.errors import APIError
 from services.gateway.routing import DecoderRegistry, DecoderView, choose_decoder
 from services.metadata.keys import Keys
@@ -58,10 +58,12 @@ def test_registry_sees_heartbeats_until_they_expire(redis_server):
     keys = Keys("routingtest")
     stats = LoopStats(num_running=2, num_waiting=1, num_free_slots=7, num_total_slots=9,
                       residency_mode_counts={"full": 3, "sparse": 0})
-    beat = Heartbeat(redis_server.client(), DecoderIdentity("d1", "h:5", "m", 4, 1), lambda: stats,
+    # 2 seats, both taken, and the 1 waiting place taken: saturated (1 seat fewer would not be)
+    beat = Heartbeat(redis_server.client(), DecoderIdentity("d1", "h:5", "m", 2, 1), lambda: stats,
                      interval_s=10, ttl_s=0.3, keys=keys)
+    assert heartbeat_fields(DecoderIdentity("d1", "h:5", "m", 3, 1), stats)["saturated"] == 0
     fields = beat.beat()
-    assert fields["saturated"] == 1 and fields["load"] == 0.75
+    assert fields["saturated"] == 1 and fields["load"] == 1.5
 
     async def read():
         client = aioredis.Redis.from_url(redis_server.url)

@@ -42,7 +42,15 @@ from services.decoder.engine.sampling_params import InvalidRequestError, Samplin
 
 
 class QueueFullError(RuntimeError):
-    """The decoder's waiting queue is at ``max_num_waiting``; try another decoder or later."""
+    """The decoder's queue is full (see ``queue_is_full``); try another decoder or later."""
+
+
+def queue_is_full(num_running: int, num_waiting: int, max_num_seqs: int, max_num_waiting: int) -> bool:
+    """Whether a new request would wait beyond ``max_num_waiting``: requests that can still take a
+    free batch seat do not count as waiting, so ``max_num_seqs`` requests arriving at once onto an
+    idle decoder are all admitted, whether or not a step has moved them to running yet (or a full
+    hot pool has preempted some of them back to the queue)."""
+    return num_running + num_waiting >= max_num_seqs + max_num_waiting
 
 
 class DrainingError(RuntimeError):
@@ -279,9 +287,11 @@ class EngineLoop:
         if self._draining.is_set():
             command.admitted.set_exception(DrainingError("the decoder is draining and admits no new requests"))
             return
-        if len(self.engine.scheduler.waiting) >= self.max_num_waiting:
+        scheduler = self.engine.scheduler
+        if queue_is_full(len(scheduler.running), len(scheduler.waiting), scheduler.max_num_seqs, self.max_num_waiting):
             command.admitted.set_exception(QueueFullError(
-                f"{len(self.engine.scheduler.waiting)} requests are waiting (max_num_waiting={self.max_num_waiting})"))
+                f"{len(scheduler.running)} requests are running and {len(scheduler.waiting)} waiting "
+                f"(max_num_seqs={scheduler.max_num_seqs}, max_num_waiting={self.max_num_waiting})"))
             return
         try:
             if command.resume is None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import redis
 
-from services.decoder.service.engine_loop import LoopStats
+from services.decoder.service.engine_loop import LoopStats, queue_is_full
 from services.metadata.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class DecoderIdentity:
 
 def heartbeat_fields(identity: DecoderIdentity, stats: LoopStats) -> dict[str, str | int | float]:
     """The hash one beat writes. ``load`` is requests per batch seat (1.0 = every seat taken);
-    ``saturated`` (0/1) means the waiting queue is full; ``num_<mode>`` counts live requests per
+    ``saturated`` (0/1) means the queue is full (``queue_is_full``); ``num_<mode>`` counts live requests per
     residency mode."""
     num_live = stats.num_running + stats.num_waiting
     fields = {
@@ -50,7 +50,8 @@ def heartbeat_fields(identity: DecoderIdentity, stats: LoopStats) -> dict[str, s
         "num_free_slots": stats.num_free_slots,
         "num_total_slots": stats.num_total_slots,
         "load": num_live / identity.max_num_seqs,
-        "saturated": int(stats.num_waiting >= identity.max_num_waiting),
+        "saturated": int(queue_is_full(stats.num_running, stats.num_waiting, identity.max_num_seqs,
+                                       identity.max_num_waiting)),
         "draining": int(stats.draining),
         "num_generated_tokens": stats.num_generated_tokens,
         "updated_unix_s": time.time(),
