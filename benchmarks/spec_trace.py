@@ -51,7 +51,7 @@ class StepTrace:
             promise = speculator.promise  # the gate's, before the drafter ran (its cost included)
             if promise is not None:
                 self._current.update(gate_committed=promise.expected_committed, gate_s=promise.seconds,
-                                     gate_gain=promise.gain)
+                                     gate_gain=promise.gain, gate_plain_s=len(running) / promise.base_rate)
             self._current["realized_factor"] = speculator.realized.factor
 
         def traced_execute(batch):
@@ -121,6 +121,16 @@ def summarize(steps: list[dict]) -> dict:
                        "exec_s": sum(s["exec_s"] for s in planned),
                        "propose_s": sum(s["propose_s"] for s in planned),  # the drafter's call and the budget
                        "mean_predicted_gain": statistics.mean(s["plan_gain"] for s in planned)}
+    gated = [s for s in decode if "gate_s" in s and s["drafted"]]
+    if gated:
+        # the gate's promise, before the drafter ran: the step (drafter included) against what the
+        # step's pass and proposal took, and the price of the same step without drafts
+        out["gate"] = {"steps": len(gated), "expected_committed": sum(s["gate_committed"] for s in gated),
+                       "committed": sum(s["committed"] for s in gated),
+                       "promised_s": sum(s["gate_s"] for s in gated),
+                       "exec_and_propose_s": sum(s["exec_s"] + s["propose_s"] for s in gated),
+                       "mean_plain_ms": 1e3 * statistics.mean(s["gate_plain_s"] for s in gated),
+                       "mean_gain": statistics.mean(s["gate_gain"] for s in gated)}
     return out
 
 
@@ -164,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             echo(f"   plan over {p['steps']} verify steps: committed {p['committed']} (expected "
                  f"{p['expected_committed']:.1f}), exec {p['exec_s']:.2f} s (priced {p['predicted_exec_s']:.2f} s), "
                  f"proposals {p['propose_s']:.2f} s, mean promised gain {p['mean_predicted_gain']:.3f}")
+        if "gate" in row:
+            q = row["gate"]
+            echo(f"   gate over {q['steps']} verify steps: committed {q['committed']} (expected "
+                 f"{q['expected_committed']:.1f}), exec + propose {q['exec_and_propose_s']:.2f} s (promised "
+                 f"{q['promised_s']:.2f} s), plain step priced {q['mean_plain_ms']:.1f} ms, mean promised gain "
+                 f"{q['mean_gain']:.3f}")
         for n, g in row["by_tokens"].items():
             predicted = f"{g['predicted_ms']:6.1f}" if g["predicted_ms"] is not None else "   n/a"
             echo(f"   {n:3d} tokens x{g['steps']:4d}: exec {g['exec_ms']:6.1f} ms (priced {predicted}) "
