@@ -3,7 +3,8 @@
 Figures (all greedy, fp32 unless --dtype / --gemm-dtype say otherwise):
 - batch-1 decode tok/s with a ~128-token and a ~2,000-token prompt (prefill excluded);
 - aggregate decode tok/s with 8 concurrent requests (window in which all 8 are decoding);
-- the memory-bandwidth bound: measured read bandwidth / weight bytes read per step.
+- the memory-bandwidth bound: measured read bandwidth / weight bytes read per step;
+- our measured GEMM plan with and without its row padding (``GemmPlan.pad_to``), interleaved.
 llama.cpp (optional extra, ``benchmarks/peers/llama_cpp.py``) runs the GGUF's quantized weights;
 without it the JSON records why it was not measured.
 Writes ``results/<date>-<machine>/decode.json`` and ``decode.png``.
@@ -75,6 +76,39 @@ def bench_ours_concurrent(llm, prompts: list[list[int]], decode_tokens: int) -> 
     }
 
 
+def bench_plan_padding(llm, short: list[int], concurrent: list[list[int]], decode_tokens: int, repeats: int) -> dict:
+    """Our decode with the measured GEMM plan against the same plan without its pads
+    (``GemmPlan.pad_to``), interleaved ``repeats`` times: batch-1 tok/s (best of each) and the
+    aggregate of 4 and 8 concurrent requests (median of each), and the ratios padded / unpadded."""
+    import statistics
+
+    from services.decoder.model.gemm_plan import apply_plan
+
+    model = llm.engine.model
+    padded = model.gemm_plan
+    if padded is None or not padded.pad_to:
+        return {"unavailable": "the measured GEMM plan pads no row count on this machine"}
+    plans = {"padded": padded, "unpadded": padded.unpadded()}
+    figures = {name: {"batch1": [], "concurrent4": [], "concurrent8": []} for name in plans}
+    try:
+        for _ in range(repeats):
+            for name, plan in plans.items():
+                apply_plan(model.projections, plan)
+                figures[name]["batch1"].append(bench_ours(llm, short, decode_tokens, 1))
+                for n in (4, 8):
+                    figures[name][f"concurrent{n}"].append(
+                        bench_ours_concurrent(llm, concurrent[:n], decode_tokens)["aggregate_decode_tokens_per_s"])
+    finally:
+        apply_plan(model.projections, padded)
+    out = {"plan": padded.describe(), "repeats": repeats}
+    for name in plans:
+        out[name] = {"batch1_tokens_per_s": max(figures[name]["batch1"]),
+                     **{f"{k}_tokens_per_s": statistics.median(v) for k, v in figures[name].items() if k != "batch1"},
+                     "runs": figures[name]}
+    out["ratios"] = {k: out["padded"][k] / out["unpadded"][k] for k in out["padded"] if k.endswith("_tokens_per_s")}
+    return out
+
+
 def bench_transformers(hf, prompts: list[list[int]], decode_tokens: int, repeats: int) -> float:
     """Decode tok/s of ``hf.generate`` for a (left-padded) batch: (T(N) - T(1)) over N - 1 steps."""
     batch = torch.tensor(prompts, device=hf.device)
@@ -130,7 +164,7 @@ def run(args: argparse.Namespace) -> dict:
               max_num_batched_tokens=2048, device=args.device)
     weight_bytes = llm.engine.model.weight_bytes_per_step
     bar = progress(desc="decode", unit="phase",
-                   total=5 + (0 if args.skip_transformers else 4) + (0 if skip_llama_cpp else 1))
+                   total=6 + (0 if args.skip_transformers else 4) + (0 if skip_llama_cpp else 1))
     read_bw = phase(bar, "read bandwidth", measured_read_bandwidth_bytes_per_s, args.device)
     bound = read_bw / weight_bytes
     short, long_ = _prompts(llm.tokenizer, 1, 128)[0], _prompts(llm.tokenizer, 1, 2000)[0]
@@ -146,6 +180,8 @@ def run(args: argparse.Namespace) -> dict:
     ours.update({f"concurrent8_{k}": v for k, v in phase(bar, "ours 8 concurrent", bench_ours_concurrent, llm,
                                                           concurrent, args.decode_tokens).items()})
 
+    padding = phase(bar, "ours: GEMM plan padded vs unpadded", bench_plan_padding, llm, short, concurrent,
+                    args.decode_tokens, args.repeats)
     peer = {}
     if not args.skip_transformers:
         from benchmarks.peers.transformers_hf import load_transformers
@@ -177,6 +213,7 @@ def run(args: argparse.Namespace) -> dict:
         "measured_read_bandwidth_gib_per_s": read_bw / 2**30,
         "bandwidth_bound_tokens_per_s": bound,
         "ours": ours,
+        "gemm_plan_padding": padding,
         "transformers": peer,
         "llama_cpp": llama_cpp,
         "ratios": ratios,

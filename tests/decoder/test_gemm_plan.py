@@ -5,6 +5,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from services.decoder.model import gemm_plan
 from services.decoder.model.gemm_plan import GemmPlan, apply_plan, measure_plan, plan_for, plan_key
@@ -33,6 +34,7 @@ def test_the_plan_takes_the_fastest_kernel_at_each_row_count(monkeypatch):
                 "mkl_pack": 0.5 if rows == 8 else 5.0}[kernel]
 
     _slowed(monkeypatch, delay_ms)
+    monkeypatch.setattr(gemm_plan, "PAD_MIN_SAVING", 1.0)  # the kernel choice alone (8 rows would pad 1-3 here)
     plan = measure_plan(_linears(), rows=(1, 2, 3, 8, 16, 128))
     assert plan.kernels == ("mm_w_xt", "mm_w_xt", "onednn", "mkl_pack", "onednn", "onednn")
     for ms, kernel in zip(plan.ms, plan.kernels):
@@ -90,8 +92,61 @@ def test_the_model_runs_its_measured_plan(loaded_model):
     plan = model.gemm_plan
     assert plan is not None and plan.rows == gemm_plan.PLAN_ROWS
     assert all(lin.plan is plan for lin in model.projections)
-    for ms, kernel in zip(plan.ms, plan.kernels):
+    for i, (ms, kernel) in enumerate(zip(plan.ms, plan.kernels)):
         assert min(ms, key=ms.get) == kernel
+        if plan.pad_to and plan.pad_to[i]:  # decided head to head (choose_pads), not from these first timings
+            assert plan.rows[i] < plan.pad_to[i] <= gemm_plan.PAD_MAX_ROWS
     assert LlamaModel(loaded_model.config, loaded_model.weights, gemm_plan="default").gemm_plan is None
     with pytest.raises(ValueError, match="gemm_plan"):
         LlamaModel(loaded_model.config, loaded_model.weights, gemm_plan="fastest")
+
+
+def test_counts_run_padded_where_a_larger_count_is_measured_faster(monkeypatch):
+    """oneDNN on the AVX512 EPYC: 6 rows at once is its fastest count, 1-4 take slower paths."""
+    def delay_ms(kernel, rows):
+        if kernel == "onednn":
+            return {6: 1.0, 8: 2.5}.get(rows, 4.0)
+        return 3.0 if kernel == "f_linear" else 3.5
+
+    _slowed(monkeypatch, delay_ms)
+    plan = measure_plan(_linears(), rows=(1, 2, 4, 6, 8, 128))
+    assert plan.pad_to == (6, 6, 6, None, None, None)
+    assert [plan.kernel(n) for n in (1, 4, 6)] == ["onednn"] * 3 and plan.kernels[0] == "f_linear"  # as measured
+    assert [plan.run_rows(n) for n in (1, 3, 4, 5, 6, 7, 9, 500)] == [6, 6, 6, 5, 6, 7, 9, 500]
+    assert plan.describe().startswith("1->6:onednn 2->6:onednn 4->6:onednn 6:onednn")
+    assert plan.unpadded().pad_to == () and plan.unpadded().kernel(1) == "f_linear"
+    assert GemmPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+
+
+def test_a_pad_within_the_noise_is_not_taken(monkeypatch):
+    def delay_ms(kernel, rows):  # 6 rows 2% faster than 1-4: less than PAD_MIN_SAVING
+        return 2.94 if rows == 6 else 3.0
+
+    _slowed(monkeypatch, delay_ms)
+    plan = measure_plan(_linears(), rows=(1, 4, 6, 128))
+    assert plan.pad_to == () and all(plan.run_rows(n) == n for n in (1, 3, 6))
+
+
+def test_a_padded_linear_computes_the_unpadded_product():
+    g = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(48, 16, generator=g), torch.randn(48, generator=g)
+    plan = GemmPlan((2, 6, 8, 128), ("mm_w_xt", "onednn", "mkl_pack", "f_linear"), pad_to=(6, None, None, None))
+    lin = Linear(weight, bias, plan=plan)
+    assert [lin.padded_rows(n) for n in (1, 2, 3, 7, 9)] == [6, 6, 3, 8, 9]
+    for n in (1, 2, 5, 7):
+        x = torch.randn(n, 16, generator=g)
+        got = lin(x)
+        assert got.shape == (n, 48) and got.is_contiguous()
+        torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)  # fp32 rounding only
+    packed = Linear(weight, plan=GemmPlan((3, 8, 128), ("f_linear", "mkl_pack", "f_linear"), pad_to=(8, None, None)))
+    assert packed.kernel(1) == "mkl_pack" and packed.padded_rows(1) == 8
+    torch.testing.assert_close(packed(x[:1]), F.linear(x[:1], weight), rtol=1e-5, atol=1e-5)
+
+
+def test_pads_that_cannot_run_are_refused():
+    with pytest.raises(ValueError, match="pad_to needs one entry"):
+        GemmPlan((1, 6, 128), ("onednn",) * 3, pad_to=(6, None))
+    with pytest.raises(ValueError, match="only pad to a larger grid point"):
+        GemmPlan((1, 6, 128), ("onednn",) * 3, pad_to=(5, None, None))  # not a grid point
+    with pytest.raises(ValueError, match="only pad to a larger grid point"):
+        GemmPlan((1, 6, 128), ("onednn",) * 3, pad_to=(None, None, 256))  # the last point serves every larger count

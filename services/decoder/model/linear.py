@@ -94,9 +94,14 @@ class Linear:
     def kernel(self, num_rows: int) -> str:
         return self._default if self.plan is None else self.plan.kernel(num_rows)
 
+    def run_rows(self, num_rows: int) -> int:
+        """The rows ``num_rows`` rows are handed to their kernel at (the plan's pad, else themselves)."""
+        return num_rows if self.plan is None else self.plan.run_rows(num_rows)
+
     def padded_rows(self, num_rows: int) -> int:
-        """The rows the kernel for ``num_rows`` computes (an MKL pack's bucket, else the rows)."""
-        return pack_bucket(num_rows) if self.kernel(num_rows) == "mkl_pack" else num_rows
+        """The rows the kernel for ``num_rows`` computes (the plan's pad, then an MKL pack's bucket)."""
+        rows = self.run_rows(num_rows)
+        return pack_bucket(rows) if self.kernel(num_rows) == "mkl_pack" else rows
 
     def needs_build(self, kernel: str, num_rows: int) -> bool:
         """Whether running ``kernel`` at ``num_rows`` would first build a weight copy."""
@@ -142,4 +147,9 @@ class Linear:
         out_dtype = x.dtype
         if x.dtype != self.weight.dtype:
             x = x.to(self.weight.dtype)
-        return self.run(x, self.kernel(x.shape[0])).to(out_dtype)
+        num_rows = x.shape[0]
+        rows = self.run_rows(num_rows)
+        if rows == num_rows:
+            return self.run(x, self.kernel(num_rows)).to(out_dtype)
+        # zero rows up to the plan's pad: a faster row count for this kernel (``GemmPlan.pad_to``)
+        return self.run(F.pad(x, (0, 0, 0, rows - num_rows)), self.kernel(num_rows))[:num_rows].to(out_dtype)
