@@ -69,6 +69,7 @@ class GemmPlan:
     pad_to: tuple[int | None, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_choices", {})  # num_rows -> (kernel, rows), filled by ``choice``
         if not self.rows or len(self.rows) != len(self.kernels) or list(self.rows) != sorted(set(self.rows)):
             raise ValueError("a GEMM plan needs strictly ascending rows, one kernel each")
         if self.pad_to:
@@ -88,23 +89,24 @@ class GemmPlan:
                 raise ValueError(f"MKL packs serve {MIN_PACKED_ROWS}-{PACK_BUCKETS_ROWS[-1]} rows, not "
                                  f"{lowest}-{self.rows[i]}{' and beyond' if i == len(self.rows) - 1 else ''}")
 
-    def _point(self, num_rows: int) -> int:
-        return min(bisect.bisect_left(self.rows, num_rows), len(self.rows) - 1)
-
-    def _pad(self, point: int) -> int | None:
-        return self.pad_to[point] if self.pad_to else None
+    def choice(self, num_rows: int) -> tuple[str, int]:
+        """``(kernel, rows it runs at)`` for ``num_rows`` rows: their grid point's kernel, or,
+        padded, the kernel of the point they pad to at its rows (memoised: every projection of
+        every step asks)."""
+        found = self._choices.get(num_rows)
+        if found is None:
+            point = min(bisect.bisect_left(self.rows, num_rows), len(self.rows) - 1)
+            to = self.pad_to[point] if self.pad_to else None
+            found = (self.kernels[point], num_rows) if to is None else (self.kernels[self.rows.index(to)], to)
+            self._choices[num_rows] = found
+        return found
 
     def kernel(self, num_rows: int) -> str:
-        """The kernel ``num_rows`` rows run through: their grid point's, or, padded, that of the
-        point they pad to."""
-        point = self._point(num_rows)
-        to = self._pad(point)
-        return self.kernels[point if to is None else self.rows.index(to)]
+        return self.choice(num_rows)[0]
 
     def run_rows(self, num_rows: int) -> int:
         """The rows a product of ``num_rows`` rows is computed at (its grid point's pad, else itself)."""
-        to = self._pad(self._point(num_rows))
-        return num_rows if to is None else to
+        return self.choice(num_rows)[1]
 
     def unpadded(self) -> GemmPlan:
         """The same kernel choices with no point padding (for side-by-side benchmarks)."""
@@ -112,8 +114,8 @@ class GemmPlan:
 
     def describe(self) -> str:
         """``1->6:onednn 2:mm_w_xt ...``: the choice at each grid point (padded: where to, and its kernel)."""
-        return " ".join(f"{r}" + (f"->{self._pad(i)}" if self._pad(i) else "") + f":{self.kernel(r)}"
-                        for i, r in enumerate(self.rows))
+        return " ".join(f"{r}" + (f"->{self.run_rows(r)}" if self.run_rows(r) != r else "") + f":{self.kernel(r)}"
+                        for r in self.rows)
 
     def to_json(self) -> dict:
         return {"rows": list(self.rows), "kernels": list(self.kernels), "ms": list(self.ms), "pad_to": list(self.pad_to)}

@@ -148,8 +148,8 @@ class Linear:
         if x.dtype != self.weight.dtype:
             x = x.to(self.weight.dtype)
         num_rows = x.shape[0]
-        rows = self.run_rows(num_rows)
+        kernel, rows = (self._default, num_rows) if self.plan is None else self.plan.choice(num_rows)
         if rows == num_rows:
-            return self.run(x, self.kernel(num_rows)).to(out_dtype)
+            return self.run(x, kernel).to(out_dtype)
         # zero rows up to the plan's pad: a faster row count for this kernel (``GemmPlan.pad_to``)
-        return self.run(F.pad(x, (0, 0, 0, rows - num_rows)), self.kernel(num_rows))[:num_rows].to(out_dtype)
+        return self.run(F.pad(x, (0, 0, 0, rows - num_rows)), kernel)[:num_rows].to(out_dtype)
