@@ -17,7 +17,8 @@ Measured on this project's machines (all projections of SmolLM2-135M, streamed f
 ``mkl_pack`` at 4-64 cost about one row's time; on the AMD EPYC machines MKL takes slow paths
 (``f_linear`` 52 / 88 / 111 ms at 1 / 2 / 3 rows) while ``onednn`` runs 27 / 29 / 26 ms and
 ``mm_w_xt`` 52 / 19 / 26 ms. So no fixed choice serves both: a ``GemmPlan`` (``model/gemm_plan.py``)
-maps each row count to a kernel, measured on the model's own weights at start-up; a ``Linear``
+maps each row count to a kernel (and, where measured faster, a larger count its rows are zero-padded
+to: 1 row runs as ``mm_w_xt`` at 2 on the EPYC), measured on the model's own weights at start-up; a ``Linear``
 follows the plan it is given (default: ``f_linear`` everywhere, or ``onednn`` for bf16 weights
 where oneDNN has bf16 kernels, since plain bf16 GEMMs are slower than fp32 there).
 
