@@ -137,3 +137,40 @@ def test_bf16_projections_verify_losslessly(loaded_model, chat_prompts, attentio
     assert matched >= len(chat_prompts) * params.max_tokens // 2  # ties are rare: most tokens compared
     assert sum(o.stats["accepted_tokens"] for o in outs) > 0
     assert llm.engine.check_integrity()
+
+
+def test_the_engine_accepts_what_the_offline_evaluation_scores(loaded_model, chat_prompts):
+    """The figure the cards report (``eval-drafter``: drafts at every answer anchor of a sequence
+    the target answered greedily, scored against that answer) is what decoding measures: on the
+    engine's own answer, each verify step that drafted a whole block accepts exactly the tokens
+    the offline evaluation scores at its anchor (DFlash, its matmuls in fp32 as the evaluation's)."""
+    from services.decoder.spec.dflash.checkpoint import load_checkpoint, read_draft_vocab
+    from services.decoder.spec.training.dataset import Sequence
+    from services.decoder.spec.training.evaluate import anchor_lengths
+    from services.decoder.spec.training.target_features import target_features
+
+    checkpoint = shipped_checkpoint("dflash")
+    llm = LLM(loaded=loaded_model, spec="dflash", spec_tokens=7, draft_gemm_dtype="float32")
+    speculator, steps = llm.engine.speculator, []
+    record = speculator.record
+
+    def recording(request, num_drafted, num_accepted):
+        steps.append((num_drafted, num_accepted))
+        record(request, num_drafted, num_accepted)
+
+    speculator.record = recording
+    prompt = chat_prompts[1]
+    ids = list(prompt) + llm.generate([prompt], SamplingParams(max_tokens=64))[0].token_ids
+    net, model = load_checkpoint(checkpoint), llm.engine.model
+    features = target_features(model, ids, tuple(net.cfg.target_layer_ids))
+    lengths = anchor_lengths(net, model.embed_tokens, Sequence("s", "chat", "heldout", torch.tensor(ids), features,
+                                                              len(prompt)),
+                             vocab=read_draft_vocab(checkpoint, model.config.vocab_size))
+    anchor, compared = len(prompt), 0  # the first verify step drafts after the prefill's token
+    for num_drafted, num_accepted in steps:
+        if num_drafted == 7 and anchor - len(prompt) < len(lengths):
+            assert num_accepted + 1 == lengths[anchor - len(prompt)], (anchor, num_accepted, lengths[anchor - len(prompt)])
+            compared += 1
+        anchor += num_accepted + 1
+    # the walk covered the answer: after it, at most the last token, decoded with no room left to draft
+    assert compared >= 20 and anchor >= len(ids) - 2

@@ -79,27 +79,35 @@ def draft_acceptance(net, embed: torch.Tensor, sequences: list[Sequence], *, anc
                      vocab: torch.Tensor | None = None) -> dict:
     """Greedy drafts of the network (the inference heads: ``net.choose``) at every answer anchor,
     from the draft vocabulary ``vocab`` when given."""
-    head = embed if vocab is None else embed[vocab]
-    size = net.cfg.block_size
     was_training = net.training
     net.eval()
     per_kind: dict[str, list[torch.Tensor]] = {}
     try:
         for seq in sequences:
-            anchors = eval_anchors(len(seq.token_ids), seq.answer_start, size)
-            if not len(anchors):
-                continue
-            features = seq.features.to(embed.dtype)
-            lengths = []
-            for start in range(0, len(anchors), anchors_per_pass):
-                part = anchors[start : start + anchors_per_pass]
-                hidden = net.sequence_blocks(features, seq.token_ids, part, embed)
-                drafts, _ = net.choose(hidden, seq.token_ids[part], head, vocab)
-                lengths.append(acceptance_lengths(drafts, _truth(seq.token_ids, part, size)))
-            per_kind.setdefault(seq.kind, []).append(torch.cat(lengths))
+            lengths = anchor_lengths(net, embed, seq, anchors_per_pass=anchors_per_pass, vocab=vocab)
+            if len(lengths):
+                per_kind.setdefault(seq.kind, []).append(lengths)
     finally:
         net.train(was_training)
     return summarise_lengths(per_kind)
+
+
+@torch.no_grad()
+def anchor_lengths(net, embed: torch.Tensor, seq: Sequence, *, anchors_per_pass: int = 64,
+                   vocab: torch.Tensor | None = None) -> torch.Tensor:
+    """``[N]``: the network's acceptance length at each of ``seq``'s answer anchors
+    (``eval_anchors``), its greedy drafts from ``vocab`` when given (the network in eval mode)."""
+    head = embed if vocab is None else embed[vocab]
+    size = net.cfg.block_size
+    anchors = eval_anchors(len(seq.token_ids), seq.answer_start, size)
+    features = seq.features.to(embed.dtype)
+    lengths = [torch.empty(0, dtype=torch.int64)]
+    for start in range(0, len(anchors), anchors_per_pass):
+        part = anchors[start : start + anchors_per_pass]
+        hidden = net.sequence_blocks(features, seq.token_ids, part, embed)
+        drafts, _ = net.choose(hidden, seq.token_ids[part], head, vocab)
+        lengths.append(acceptance_lengths(drafts, _truth(seq.token_ids, part, size)))
+    return torch.cat(lengths)
 
 
 def ngram_acceptance(sequences: list[Sequence], block_size: int, drafter: NgramDrafter | None = None) -> dict:
