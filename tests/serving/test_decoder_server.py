@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.decoder.engine.sampling_params import InvalidRequestError
-from services.decoder.service.engine_loop import Output
+from services.decoder.service.output import Output
 from services.decoder.service.server import chunk_of, prompt_ids_of, sampling_params_of
 from services.rpc import decoder_pb2 as pb
 

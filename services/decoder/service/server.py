@@ -24,7 +24,8 @@ import grpc
 from services.decoder.config import DecoderConfig
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.model.tokenizer import Tokenizer
-from services.decoder.service.engine_loop import DrainingError, EngineLoop, Output, QueueFullError, Resume
+from services.decoder.service.engine_loop import DrainingError, EngineLoop, QueueFullError, Resume
+from services.decoder.service.output import Output
 from services.rpc import decoder_pb2 as pb
 from services.rpc import decoder_pb2_grpc as pb_grpc
 from services.rpc.auth import InternalSecurity
