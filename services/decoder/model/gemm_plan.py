@@ -9,10 +9,12 @@ points takes the kernel of the next point up; a count beyond the grid that of it
 
 A grid point may also run padded: its counts get zero rows up to a larger grid point and run as
 that point does, where that was measured faster than the point itself. On the AMD EPYC (AVX512)
-machine oneDNN's fp32 kernels run a pass over SmolLM2-135M's projections in 19.5 ms at 6 rows
-against 23.9 at 1 row and 22.8 at 4 (15 interleaved rounds): its register blocking serves 6 rows
-at once and smaller counts take slower tail paths, so 1-5 rows are cheapest computed as 6. Pads
-are chosen head to head (``choose_pads``): one round's noise is as large as the effect.
+machine a pass over SmolLM2-135M's projections takes 23.9 ms at 1 row (oneDNN, the fastest
+kernel there) against 18-21 ms at 2 rows (``mm_w_xt``), so 1 row runs as 2: a 1-token decode
+step 1.2-1.3x faster. oneDNN's 19.5 ms at 6 rows against 22.8 at 4 looked like a second such
+gap, but padding 3-4 rows to 6 measured 0.99-1.05x in engine steps, inside the noise. Pads are
+chosen head to head (``choose_pads``) and must save ``PAD_MIN_SAVING``: one round's noise is as
+large as the effects.
 
 ``plan_for`` memoises the plan per process and on disk under ``cache_dir()/gemm_plans/``, keyed by
 the CPU (model name, flags, cores), torch version, intra-op threads, dtype and the weights'
