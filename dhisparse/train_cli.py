@@ -56,7 +56,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="the training forward's matmul precision (bfloat16: autocast over fp32 weights; "
-                        "auto: bfloat16 where the CPU has bf16 kernels)")
+                        "auto: bfloat16 on a GPU or where the CPU has bf16 kernels)")
+    p.add_argument("--device", default="cpu", help="where the target's feature extraction and the training run: "
+                   "cpu or cuda[:N] (the shipped figures of a GPU run say which GPU)")
     p.add_argument("--validation-percent", type=float, default=2.0,
                    help="share of the training sequences kept out of training to choose the shipped weights (0: none)")
     p.add_argument("--validate-every-minutes", type=float, default=10.0,
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         markov_rank=args.markov_rank, context_window=args.context_window, init_from=args.init_from,
         init_target=args.init_target_layers, resume=args.resume, validation_percent=args.validation_percent,
         ship_weights=args.ship_weights, distill_kinds=args.distill_kinds,
-        progress=not args.no_progress, train=train,
+        progress=not args.no_progress, device=args.device, train=train,
     )
     run_pipeline(opts)
     return 0

@@ -35,7 +35,8 @@ def test_a_bf16_step_tracks_the_fp32_step_with_fp32_state(tmp_path):
 
 
 def test_auto_means_bf16_where_onednn_has_bf16_kernels_and_bad_names_are_refused():
-    assert TrainOptions(dtype="auto").autocast_bf16 is onednn_bf16_supported()
-    assert TrainOptions(dtype="bfloat16").autocast_bf16 and not TrainOptions().autocast_bf16
+    assert TrainOptions(dtype="auto").autocast_bf16("cpu") is onednn_bf16_supported()
+    assert TrainOptions(dtype="auto").autocast_bf16("cuda")  # every CUDA device autocasts to bf16
+    assert TrainOptions(dtype="bfloat16").autocast_bf16() and not TrainOptions().autocast_bf16()
     with pytest.raises(ValueError, match="dtype must be"):
         TrainOptions(dtype="fp16")

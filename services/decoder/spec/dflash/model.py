@@ -57,7 +57,8 @@ class DraftNet(nn.Module):
     def block_embeddings(self, anchor_ids: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """``anchor_ids: [B]`` -> the blocks' inputs ``[B, block_size, H]``: anchor, then masks."""
         cfg = self.cfg
-        ids = torch.full((anchor_ids.shape[0], cfg.block_size), cfg.mask_token_id, dtype=torch.int64)
+        ids = torch.full((anchor_ids.shape[0], cfg.block_size), cfg.mask_token_id, dtype=torch.int64,
+                         device=anchor_ids.device)
         ids[:, 0] = anchor_ids
         return F.embedding(ids, embed) * cfg.input_embedding_scale
 
@@ -114,11 +115,12 @@ class DraftNet(nn.Module):
         cfg = self.cfg
         length = features.shape[0]
         size = cfg.block_size
-        ctx_kv = [(k[None], v[None]) for k, v in self.context_kv(features, torch.arange(length))]
-        positions = anchors[:, None] + torch.arange(size)  # [N, S]
-        key_pos = torch.arange(length)
+        device = features.device  # token_ids and anchors live there too
+        key_pos = torch.arange(length, device=device)
+        ctx_kv = [(k[None], v[None]) for k, v in self.context_kv(features, key_pos)]
+        positions = anchors[:, None] + torch.arange(size, device=device)  # [N, S]
         ctx_visible = (key_pos[None] < anchors[:, None]) & (key_pos[None] >= anchors[:, None] - cfg.context_window)
-        block_of = torch.arange(anchors.shape[0]).repeat_interleave(size)  # [N * S]
+        block_of = torch.arange(anchors.shape[0], device=device).repeat_interleave(size)  # [N * S]
         mask = torch.cat([ctx_visible.repeat_interleave(size, dim=0), block_of[:, None] == block_of[None]], dim=1)
         x = self.block_embeddings(token_ids[anchors], embed)
         return self.blocks_hidden(x, positions, ctx_kv, mask[None])

@@ -20,6 +20,12 @@ class Sequence:
     features: torch.Tensor  # [T, len(layers) * hidden] (fp16 on disk and in memory)
     answer_start: int  # first answer position; anchors lie at or after it
 
+    def to(self, device: torch.device | str) -> Sequence:
+        """The same sequence with its tensors on ``device`` (training on a GPU keeps every
+        sequence there: a few GB of fp16 features)."""
+        return Sequence(self.key, self.kind, self.split, self.token_ids.to(device), self.features.to(device),
+                        self.answer_start)
+
     def num_anchors(self, block_size: int) -> int:
         """Anchors ``a`` with ``answer_start <= a``, ``a >= 1`` and ``a + block_size - 1 < T``."""
         return max(0, len(self.token_ids) - block_size + 1 - max(self.answer_start, 1))

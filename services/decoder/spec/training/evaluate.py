@@ -53,7 +53,7 @@ def eval_anchors(length: int, answer_start: int, block_size: int) -> torch.Tenso
 
 
 def _truth(token_ids: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    return token_ids[anchors[:, None] + torch.arange(1, block_size)]
+    return token_ids[anchors[:, None] + torch.arange(1, block_size, device=anchors.device)]
 
 
 def summarise_lengths(per_kind: dict[str, list[torch.Tensor]]) -> dict:
@@ -96,18 +96,20 @@ def draft_acceptance(net, embed: torch.Tensor, sequences: list[Sequence], *, anc
 def anchor_lengths(net, embed: torch.Tensor, seq: Sequence, *, anchors_per_pass: int = 64,
                    vocab: torch.Tensor | None = None) -> torch.Tensor:
     """``[N]``: the network's acceptance length at each of ``seq``'s answer anchors
-    (``eval_anchors``), its greedy drafts from ``vocab`` when given (the network in eval mode)."""
+    (``eval_anchors``), its greedy drafts from ``vocab`` when given (the network in eval mode).
+    The network, ``embed``, ``vocab`` and the sequence's tensors share a device; the lengths come
+    back on the CPU."""
     head = embed if vocab is None else embed[vocab]
     size = net.cfg.block_size
-    anchors = eval_anchors(len(seq.token_ids), seq.answer_start, size)
+    anchors = eval_anchors(len(seq.token_ids), seq.answer_start, size).to(seq.token_ids.device)
     features = seq.features.to(embed.dtype)
-    lengths = [torch.empty(0, dtype=torch.int64)]
+    lengths = [torch.empty(0, dtype=torch.int64, device=anchors.device)]
     for start in range(0, len(anchors), anchors_per_pass):
         part = anchors[start : start + anchors_per_pass]
         hidden = net.sequence_blocks(features, seq.token_ids, part, embed)
         drafts, _ = net.choose(hidden, seq.token_ids[part], head, vocab)
         lengths.append(acceptance_lengths(drafts, _truth(seq.token_ids, part, size)))
-    return torch.cat(lengths)
+    return torch.cat(lengths).cpu()
 
 
 def ngram_acceptance(sequences: list[Sequence], block_size: int, drafter: NgramDrafter | None = None) -> dict:
@@ -118,11 +120,12 @@ def ngram_acceptance(sequences: list[Sequence], block_size: int, drafter: NgramD
         anchors = eval_anchors(len(seq.token_ids), seq.answer_start, block_size)
         if not len(anchors):
             continue
-        ids = seq.token_ids.tolist()
+        token_ids = seq.token_ids.cpu()
+        ids = token_ids.tolist()
         drafts = torch.full((len(anchors), block_size - 1), -1, dtype=torch.int64)
         for row, a in enumerate(anchors.tolist()):
             proposal = drafter.propose(ids[: a + 1], block_size - 1)
             if proposal:
                 drafts[row, : len(proposal)] = torch.tensor(proposal, dtype=torch.int64)
-        per_kind.setdefault(seq.kind, []).append(acceptance_lengths(drafts, _truth(seq.token_ids, anchors, block_size)))
+        per_kind.setdefault(seq.kind, []).append(acceptance_lengths(drafts, _truth(token_ids, anchors, block_size)))
     return summarise_lengths(per_kind)

@@ -87,6 +87,7 @@ class PipelineOptions:
     distill_kinds: tuple[str, ...] | None = None  # built-in prompt kinds to distil (None: all)
     ship_weights: str = "best"  # "best": the validation-best step's weights; "last": the last step's
     progress: bool = True
+    device: str = "cpu"  # where the target (features), the drafter and its training live
     train: TrainOptions = field(default_factory=TrainOptions)
 
 
@@ -243,6 +244,15 @@ def _selection_line(facts: dict) -> str:
             f"(mean acceptance length {v['score']:.3f} {scores}).{caveat}")
 
 
+def device_name(device: torch.device, bf16: bool) -> str:
+    """The model card's words for where training ran, e.g. ``CPU (2 threads, bf16 matmuls)``."""
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"CPU ({torch.get_num_threads()} threads")
+    if device.type == "cuda":
+        return where + (" (bf16 matmuls)" if bf16 else "")
+    return where + (", bf16 matmuls)" if bf16 else ")")
+
+
 def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     """Runs every stage; returns the training facts written into the checkpoint."""
     if opts.ship_weights not in ("best", "last"):  # checked before hours of training, not after
@@ -250,14 +260,16 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     if llm is None:
         from services.decoder.engine.llm import LLM
 
-        llm = LLM(max_num_seqs=max(opts.concurrency, 1))
+        llm = LLM(max_num_seqs=max(opts.concurrency, 1), device=opts.device)
     model = llm.engine.model
+    device = model.device
     cfg = default_config(opts.kind, model.config, num_layers=opts.num_layers, block_size=opts.block_size,
                          target_layers=opts.target_layers, intermediate_size=opts.intermediate_size,
                          markov_rank=opts.markov_rank, context_window=opts.context_window)
     data = prepare_data(llm, opts)
     train, heldout = load_dataset(opts.data_dir, cfg.target_layer_ids, cfg.block_size)
     train, validation = split_validation(train, opts.validation_percent)
+    train, validation, heldout = ([s.to(device) for s in part] for part in (train, validation, heldout))
     log.info("data: %s; %d train / %d validation / %d held-out sequences with anchors", data, len(train),
              len(validation), len(heldout))
     torch.manual_seed(opts.train.seed)
@@ -269,6 +281,7 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     if opts.init_from is not None:
         init = f"warm start from {opts.init_from} ({len(warm_start(net, opts.init_from))} tensors)"
     log.info("initialisation: %s", init)
+    net.to(device)
     # the split is a fixed hash of each key (a larger percent takes a superset), so a warm start
     # trained with at least this percent never saw these sequences; one trained with less or
     # none may have, and its memory of them fades as training goes on: the selection would then
@@ -284,7 +297,7 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
     # what the shipped drafter drafts from (draft_vocab.json): the training set's tokens first
     vocab = draft_vocabulary([s.token_ids.tolist() for s in train], min(DRAFT_VOCAB_SIZE, cfg.vocab_size),
                              cfg.vocab_size)
-    vocab_ids = torch.tensor(vocab)
+    vocab_ids = torch.tensor(vocab, device=device)
 
     def validate(candidate: DraftNet) -> float:
         return draft_acceptance(candidate, embed, validation, vocab=vocab_ids)["mean_acceptance_length"]
@@ -308,8 +321,7 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
         "train_tokens": sum(len(s.token_ids) for s in train),
         "train_answer_tokens": sum(len(s.token_ids) - s.answer_start for s in train),
         "steps": trainer.step, "train_minutes": round(trainer.elapsed_s / 60, 2),
-        "drafted_positions_seen": trainer.tokens_seen, "device": f"CPU ({torch.get_num_threads()} threads"
-        + (", bf16 matmuls)" if opts.train.autocast_bf16 else ")"),
+        "drafted_positions_seen": trainer.tokens_seen, "device": device_name(device, trainer.autocast_bf16),
         "final_metrics": {k: round(v, 4) for k, v in metrics.items()},
         "init_from": str(opts.init_from) if opts.init_from else None, "init": init,
         "options": {k: v for k, v in asdict(opts.train).items()},
@@ -318,7 +330,7 @@ def run_pipeline(opts: PipelineOptions, llm=None) -> dict:
                        "init_may_have_trained_on_it": init_saw_validation, "shipped": opts.ship_weights,
                        **(selection or {"step": None})},
     }
-    save_checkpoint(net, opts.out, dtype=torch.bfloat16, extra=facts)
+    save_checkpoint(net.cpu(), opts.out, dtype=torch.bfloat16, extra=facts)
     write_draft_vocab(opts.out, vocab)
     (Path(opts.out) / "README.md").write_text(model_card(opts.kind, cfg, facts))
     log.info("checkpoint written to %s", opts.out)

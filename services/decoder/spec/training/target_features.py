@@ -21,11 +21,13 @@ def target_features(model: LlamaModel, token_ids: list[int], layers: tuple[int, 
     """Returns ``features: [T, len(layers) * hidden]``: the hidden states after each of
     ``layers`` at every position, as the engine's ``capture_layers`` gives them. No logits are
     computed (the LM head is ~20% of this model's prefill FLOPs, and training reads the
-    distilled answers, not the target's argmax)."""
+    distilled answers, not the target's argmax). Runs where the model's weights are (CPU or
+    GPU); the features come back on the CPU."""
     cfg = model.config
     length = len(token_ids)
     num_pages = -(-length // PAGE_SIZE)
-    pool = HotPool(cfg.num_layers, num_pages, PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim, model.dtype)
+    pool = HotPool(cfg.num_layers, num_pages, PAGE_SIZE, cfg.num_kv_heads, cfg.head_dim, model.dtype,
+                   device=model.device)
     attention = PagedAttention(pool, cfg.num_heads, model.scale)
     slots = list(range(num_pages))
     features = []
@@ -38,7 +40,8 @@ def target_features(model: LlamaModel, token_ids: list[int], layers: tuple[int, 
             write_rows=torch.tensor(positions, dtype=torch.int64),  # slot s holds rows s*16 ..
             groups=[build_group(0, [positions], [slots], [end], PAGE_SIZE)],
         )
-        _, feats = model.forward(torch.tensor(token_ids[start:end], dtype=torch.int64), meta, attention,
-                                 logit_rows=no_logits, capture_layers=tuple(layers))
-        features.append(feats)
+        ids = torch.tensor(token_ids[start:end], dtype=torch.int64)
+        _, feats = model.forward(ids.to(model.device), meta.to(model.device), attention,
+                                 logit_rows=no_logits.to(model.device), capture_layers=tuple(layers))
+        features.append(feats.cpu())
     return torch.cat(features)

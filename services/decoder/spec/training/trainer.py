@@ -71,22 +71,24 @@ class TrainOptions:
     log_every_s: float = 60.0
     validate_every_s: float | None = None  # with a validate scorer; None: only at the end
     seed: int = 0
-    # the forward's matmul precision: "float32", or "bfloat16" (CPU autocast: bf16 matmuls over
+    # the forward's matmul precision: "float32", or "bfloat16" (autocast: bf16 matmuls over
     # fp32 weights, optimizer state and loss; 1.5x the steps per minute on 2 AVX512-BF16 cores,
-    # the loss within 1e-3 of fp32's); "auto": bfloat16 where oneDNN has bf16 kernels
+    # the loss within 1e-3 of fp32's); "auto": bfloat16 on a GPU or where oneDNN has bf16 kernels
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be auto, float32 or bfloat16, not {self.dtype!r}")
 
-    @property
-    def autocast_bf16(self) -> bool:
-        return self.dtype == "bfloat16" or (self.dtype == "auto" and onednn_bf16_supported())
+    def autocast_bf16(self, device: torch.device | str = "cpu") -> bool:
+        """Whether the training forward on ``device`` autocasts its matmuls to bf16."""
+        if self.dtype == "auto":
+            return torch.device(device).type == "cuda" or onednn_bf16_supported()
+        return self.dtype == "bfloat16"
 
 
-def position_weights(count: int, decay: float) -> torch.Tensor:
-    return torch.exp(-torch.arange(count, dtype=torch.float32) / decay)
+def position_weights(count: int, decay: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.exp(-torch.arange(count, dtype=torch.float32, device=device) / decay)
 
 
 def init_trainable(net: DraftNet, seed: int = 0) -> None:
@@ -111,14 +113,15 @@ def init_trainable(net: DraftNet, seed: int = 0) -> None:
 class DraftVocabulary:
     """The ids a served drafter drafts from (``draft_vocab.json``) and the map from a token id
     to its row among them (``IGNORED`` outside). Training over them computes the head for a third
-    of SmolLM2's rows, and a label outside them is one no draft can match anyway."""
+    of SmolLM2's rows, and a label outside them is one no draft can match anyway. Both live on
+    ``ids``' device."""
 
     IGNORED = -100  # F.cross_entropy's ignore_index
 
     def __init__(self, ids: torch.Tensor, vocab_size: int):
         self.ids = ids.long()
-        self.row_of = torch.full((vocab_size,), self.IGNORED, dtype=torch.long)
-        self.row_of[self.ids] = torch.arange(len(self.ids))
+        self.row_of = torch.full((vocab_size,), self.IGNORED, dtype=torch.long, device=ids.device)
+        self.row_of[self.ids] = torch.arange(len(self.ids), device=ids.device)
         self._head: tuple[torch.Tensor, torch.Tensor] | None = None  # (embed, its rows at ids)
 
     def head(self, embed: torch.Tensor) -> torch.Tensor:
@@ -135,7 +138,7 @@ def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: to
     of the drafter's pick, ``selector_ce`` for DFlash2, ``bce`` for DSpark). With ``vocab`` the logits are over the draft vocabulary only
     (as served); positions whose label is outside it count as misses and carry no CE."""
     size = net.cfg.block_size
-    offsets = torch.arange(1, size)
+    offsets = torch.arange(1, size, device=anchors.device)
     labels = seq.token_ids[anchors[:, None] + offsets]  # [N, P]
     prev = seq.token_ids[anchors[:, None] + offsets - 1]  # teacher-forced previous tokens
     hidden = net.sequence_blocks(seq.features.to(embed.dtype), seq.token_ids, anchors, embed)  # [N, P, H]
@@ -145,7 +148,7 @@ def sequence_loss(net: DraftNet, embed: torch.Tensor, seq: Sequence, anchors: to
         logits = net.markov_head.logits(hidden, prev, logits, ids)
     if vocab is not None:
         labels = vocab.row_of[labels]
-    weights = position_weights(size - 1, options.decay)
+    weights = position_weights(size - 1, options.decay, logits.device)
     ce = _weighted_ce(logits, labels, weights)
     with torch.no_grad():
         top_logit, drafted = logits.max(dim=-1)
@@ -189,6 +192,8 @@ class Trainer:
         if options.steps is None and options.minutes is None:
             raise ValueError("give the number of steps or a time budget in minutes")
         self.net, self.embed, self.options = net, embed.detach(), options
+        self.device = self.embed.device  # the network's, the sequences' and the vocabulary's too
+        self.autocast_bf16 = options.autocast_bf16(self.device)
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.optim = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=options.lr,
@@ -222,7 +227,7 @@ class Trainer:
     def _load_state(self) -> None:
         if not self.state_path.is_file():
             raise FileNotFoundError(f"--resume: no training state at {self.state_path}")
-        state = torch.load(self.state_path, weights_only=False)
+        state = torch.load(self.state_path, weights_only=False, map_location="cpu")  # copied to the net's device
         if state["config"] != self.net.cfg.to_json():
             raise ValueError(f"{self.state_path}: saved for a different draft config; use another --out or drop --resume")
         self.net.load_state_dict(state["net"])
@@ -263,7 +268,7 @@ class Trainer:
             seq = self.sequences[i]
             count = seq.num_anchors(size)
             chosen = torch.randperm(count, generator=self.gen)[: self.options.anchors_per_seq]
-            batch.append((seq, torch.sort(chosen).values + max(seq.answer_start, 1)))
+            batch.append((seq, (torch.sort(chosen).values + max(seq.answer_start, 1)).to(self.device)))
         return batch
 
     def train_step(self) -> dict:
@@ -275,7 +280,7 @@ class Trainer:
         totals: dict[str, float] = {}
         batch = self.sample_batch()
         for seq, anchors in batch:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.options.autocast_bf16):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast_bf16):
                 loss, metrics = sequence_loss(self.net, self.embed, seq, anchors, self.options, self.vocab)
             (loss / len(batch)).backward()
             for name, value in metrics.items():
