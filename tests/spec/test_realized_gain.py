@@ -122,3 +122,50 @@ def test_a_step_with_other_requests_or_a_prefill_chunk_is_not_held_to_the_promis
     speculator.propose([request])
     speculator.observe_step(3, 0.5, decoded=(2, 1))  # a request the gate did not see
     assert speculator.realized.num_steps == 0 and speculator.realized.factor == 1.0
+
+
+def test_the_survival_scale_is_the_plans_expected_drafted_tokens_over_the_gates():
+    gain = RealizedGain()
+    assert gain.survival_scale == 1.0
+    gain.observe_plan(2.0, 1.0)  # the gate expected 2 drafted tokens to commit, the plan 1
+    assert gain.survival_scale == pytest.approx(0.5)
+    gain.observe_plan(1.0, 1.0)  # averages in at WEIGHT: (0.9 * 1 + 0.1 * 1) / (0.9 * 2 + 0.1 * 1)
+    assert gain.survival_scale == pytest.approx(1.0 / 1.9)
+    gain.observe_plan(0.01, 0.0)  # the gate expected next to nothing: no evidence either way
+    assert gain.num_plans == 2
+    gain.relax(0.5)  # skipping steps relaxes the seconds, not this bias
+    assert gain.survival_scale == pytest.approx(1.0 / 1.9)
+    for _ in range(100):
+        gain.observe_plan(1.0, 3.0)  # confidences keeping more than the gate expected never raise it past 1
+    assert gain.survival_scale == 1.0
+    for _ in range(200):
+        gain.observe_plan(1.0, 0.0)
+    assert gain.survival_scale == RealizedGain.MIN_SCALE
+
+
+def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_what_the_plans_kept():
+    """DSpark-like: the gate predicts from the pooled survival, the calibrated confidences then
+    keep less; the next gate's survival is the pooled one times the plans' share."""
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    class Confident(Drafter):
+        name = "confident"
+        prior_acceptance = 0.8
+        has_confidences = True
+
+        def propose_batch(self, requests):
+            return [Draft([7] * r.max_tokens, [0.05] * r.max_tokens) for r in requests]  # unsure everywhere
+
+    request = _decoding_request()
+    speculator = Speculator(Confident(), spec_tokens=3)
+    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
+    pooled = speculator.depth.rates(3)
+    assert speculator._gate_survival(request, 3) == pytest.approx(pooled)
+    speculator.propose([request])
+    gate_extra = speculator.promise.expected_committed - 1
+    plan_extra = (speculator.plan.expected_committed - 1) if speculator.plan is not None else 0.0
+    assert gate_extra > plan_extra
+    scale = speculator.realized.survival_scale
+    assert scale == pytest.approx(max(plan_extra / gate_extra, RealizedGain.MIN_SCALE))
+    assert speculator._gate_survival(request, 3) == pytest.approx(speculator.depth.rates(3, scale))

@@ -247,6 +247,9 @@ class Speculator:
             lengths = plan.lengths
             if any(lengths):
                 self.plan = plan
+            if self._promise is not None and self.drafter.has_confidences:
+                base = len(running)  # one committed token per request, drafts or not
+                self.realized.observe_plan(self._promise[1].expected_committed - base, plan.expected_committed - base)
             for request, draft, length in zip(drafting, drafts, lengths):
                 if draft.tokens and length == 0:
                     self._idle(request)
@@ -293,7 +296,8 @@ class Speculator:
         1.11x). Without confidences (n-gram, DFlash) the request's own survival is all there is
         of its text (copy-heavy or not), so it scales the profile (``_survival``)."""
         if self.drafter.has_confidences:
-            return self.depth.rates(num_positions)
+            # times what the confidences' cuts have kept of the gate's expectations (RealizedGain)
+            return self.depth.rates(num_positions, self.realized.survival_scale)
         return self._survival(request, num_positions)
 
     def _survival(self, request: Request, num_positions: int) -> list[float]:

@@ -22,6 +22,17 @@ read 0.78 of the promise at c=1 (DFlash, 4 chat prompts) where the seconds were 
 it: the raised bar then kept the drafter off 30% of the steps, where drafting paid 1.2x. While
 the gate keeps the drafter off, nothing is measured, so the shortfall relaxes towards none each
 skipped step and the drafter is probed again.
+
+What the step's *plan* expects is another matter for a drafter with confidences (DSpark). Before
+the call the gate can only predict each request's draft from the pooled survival per position;
+after it, calibrated confidences cut each draft where it is unsure, and the plan's expectation
+(accurate: 1014 tokens committed where it expected 1028 at c=4) keeps only part of the gate's.
+The pooled survival is measured on the drafts verification saw, which the confidences had
+already cut to their sure stretches, so it overstates an uncut draft: at c=4 the gate expected
+2.84 drafted tokens per step to commit where the plans kept 1.32, drafted on 193 of 195 steps and
+delivered 0.89x of no speculation. Expectations are not noisy like committed tokens, so the
+ratio of the plan's expected drafted tokens to the gate's sets a ``survival_scale`` (at most 1)
+the gate multiplies its pooled survival by.
 """
 
 from __future__ import annotations
@@ -31,11 +42,35 @@ class RealizedGain:
     WEIGHT = 0.1  # of the newest drafting step in each moving average (~10 steps of memory)
     MAX_SLOWDOWN = 2.0  # one step counts as at most 2x its promised seconds (a preempted step, a page fault)
 
+    MIN_EXPECTED = 0.05  # drafted tokens the gate expects below which a step says nothing of the scale
+    MIN_SCALE = 0.1
+
     def __init__(self):
         # moving averages over drafting steps of seconds promised / taken (a ratio of averages:
         # one slow step among ten fast ones weighs by its seconds, not by its ratio)
         self.promised_s = self.seconds = 0.0
         self.num_steps = 0
+        # likewise of the drafted tokens the gate expected to commit / the plan then expected
+        self.gate_expected = self.plan_expected = 0.0
+        self.num_plans = 0
+
+    @property
+    def survival_scale(self) -> float:
+        """The plan's expected drafted tokens over the gate's, of recent drafting steps, in
+        ``[MIN_SCALE, 1]``: what the gate's pooled survival is multiplied by."""
+        if self.num_plans == 0:
+            return 1.0
+        return min(max(self.plan_expected / self.gate_expected, self.MIN_SCALE), 1.0)
+
+    def observe_plan(self, gate_expected: float, plan_expected: float) -> None:
+        """A drafting step's gate expected ``gate_expected`` drafted tokens to commit (beyond one
+        per request); the plan made from the drafts' confidences expected ``plan_expected``."""
+        if gate_expected < self.MIN_EXPECTED or plan_expected < 0:
+            return
+        w = 1.0 if self.num_plans == 0 else self.WEIGHT
+        self.gate_expected += w * (gate_expected - self.gate_expected)
+        self.plan_expected += w * (plan_expected - self.plan_expected)
+        self.num_plans += 1
 
     @property
     def factor(self) -> float:
@@ -62,5 +97,6 @@ class RealizedGain:
 
     def relax(self, rate: float) -> None:
         """Moves the seconds taken ``rate`` of the way to those promised (a step the gate
-        skipped): the shortfall fades."""
+        skipped): the shortfall fades. The survival scale stays: it corrects a bias of the
+        pooled survival, not a slow spell, and the gate probes again as the seconds relax."""
         self.seconds += rate * (self.promised_s - self.seconds)
