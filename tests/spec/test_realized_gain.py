@@ -66,6 +66,7 @@ def _one_request_speculator():
 
     request = _decoding_request()  # one pending token: it decodes next
     speculator = Speculator(Fixed(), spec_tokens=1)
+    speculator.CONTROL_EVERY = 10**6  # no control steps: these tests count drafting steps in a row
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
     return speculator, request, Fixed
 
@@ -169,3 +170,26 @@ def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_wha
     scale = speculator.realized.survival_scale
     assert scale == pytest.approx(max(plan_extra / gate_extra, RealizedGain.MIN_SCALE))
     assert speculator._gate_survival(request, 3) == pytest.approx(speculator.depth.rates(3, scale))
+
+
+def test_every_so_many_drafting_steps_a_control_step_measures_the_base_the_gate_compares_with():
+    speculator, request, drafter = _one_request_speculator()
+    speculator.CONTROL_EVERY = 4
+    speculator.observe_step(1, 0.010)  # a plain step before: the 1-token price has a measurement
+    for _ in range(4):
+        speculator.propose([request])
+        assert speculator.promise is not None
+        speculator.observe_step(2, 0.010, decoded=(1, 1))
+    calls = drafter.calls
+    speculator.propose([request])  # the control step: no drafter call, no draft, nothing promised
+    assert drafter.calls == calls and speculator.promise is None
+    assert speculator.num_control_steps == 1 and speculator.num_skipped_steps == 0
+    costs = speculator.step_costs
+    before, shape = costs.seconds_at(1), costs.shape_at(1)
+    # plain steps really take 6 ms where the table says 10: a control step's measurement moves its
+    # count's shape CONTROL_WEIGHT of the way at once (an ordinary one: WEIGHT; the speed as ever)
+    speculator.observe_step(1, 0.006, decoded=(1, 1))
+    assert costs.shape_at(1) == pytest.approx(shape + speculator.CONTROL_WEIGHT * (0.6 / costs.speed - shape))
+    assert costs.seconds_at(1) < 0.5 * (before + 0.006) + 1e-4
+    speculator.propose([request])  # the streak starts again
+    assert drafter.calls == calls + 1 and speculator.drafting_streak == 1

@@ -95,6 +95,13 @@ class Speculator:
     # of the drafter's cost correction and of the pooled profile's counts undone per skipped step
     # (``CalibratedCosts.relax``, ``DepthSurvival.relax``)
     COST_RELAX = 0.02
+    # a control step every this many drafting steps in a row: no draft, so the gate's base (the
+    # same step without drafts) is measured, not only inferred from the table. Without it the
+    # table's speed, moved by the drafting steps' own measurements, priced the plain 4-token
+    # step at 44.2 ms while drafting where plain steps took 40.7 (c=4, DSpark): every draft
+    # looked ~8% better than it was and the drafter ran where it lost (0.91x of no speculation)
+    CONTROL_EVERY = 16
+    CONTROL_WEIGHT = 0.5  # of a control step's measurement in its count's shape
 
     def __init__(self, drafter: Drafter, spec_tokens: int,
                  query_key_rows: Callable[[Request], tuple[str, int]] | None = None):
@@ -116,6 +123,9 @@ class Speculator:
         self.realized = RealizedGain()  # what drafting steps delivered of the gate's promises
         self._promise: tuple[int, DraftPlan] | None = None  # (requests, the gate's plan) of a step whose drafter ran
         self._propose_s = 0.0  # the coming step's proposal (deferred context work, drafter call, budget)
+        self.drafting_streak = 0  # drafting steps in a row since the last step without drafts
+        self._control: int | None = None  # requests of the coming control step (no drafts, measured)
+        self.num_control_steps = 0
 
     @property
     def profile(self) -> BudgetProfile | None:
@@ -148,13 +158,15 @@ class Speculator:
         if self.step_costs is None:
             return
         promise, self._promise = self._promise, None
+        control, self._control = self._control, None
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
             plan = promise[1]
             self.realized.observe(plan.seconds, seconds + self._propose_s)
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
-        self.step_costs.observe(num_tokens, seconds)
+        is_control = control is not None and decoded is not None and decoded[0] == control
+        self.step_costs.observe(num_tokens, seconds, self.CONTROL_WEIGHT if is_control else None)
 
     def attend_s_per_position(self, request: Request) -> float:
         """The attention of one more query token of ``request`` next step (0 when the table holds it)."""
@@ -214,15 +226,22 @@ class Speculator:
         max_tokens: list[int] = []
         self.plan = None
         self._promise = None
+        self._control = None
         for request in running:
             room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
             if request.num_pending_tokens == 1 and room > 0:
                 drafting.append(request)
                 max_tokens.append(min(self.spec_tokens, room))
+        if (self.profile is not None and drafting and self.drafting_streak >= self.CONTROL_EVERY
+                and all(r.num_pending_tokens == 1 for r in running)):
+            self._control = len(running)  # this step measures the base the gate compares against
+            self.num_control_steps += 1
+            drafting = []
         if self.profile is not None and drafting:
             drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
             if drafting:
                 self._promise = (len(running), promise)
+        self.drafting_streak = self.drafting_streak + 1 if drafting else 0
         if not drafting:
             return
         # token lists only for the requests that draft (a copy of the whole sequence each)

@@ -138,8 +138,10 @@ class CalibratedCosts:
     def seconds_at(self, count: int) -> float:
         return self.table.seconds_at(count) * self.ratio_at(count)
 
-    def observe(self, count: int, seconds: float) -> None:
-        """One measurement: ``seconds`` for ``count`` (batch tokens, or requests drafted)."""
+    def observe(self, count: int, seconds: float, shape_weight: float | None = None) -> None:
+        """One measurement: ``seconds`` for ``count`` (batch tokens, or requests drafted).
+        ``shape_weight``: the count's shape moves this share of the way (default ``WEIGHT``), for
+        a measurement that must set its count's price now (a control step of the speculator)."""
         profiled = self.table.seconds_at(count)
         if profiled <= 0 or seconds <= 0:
             return
@@ -154,7 +156,7 @@ class CalibratedCosts:
             if share <= 0:
                 continue
             # the first measurement at an anchor replaces the neutral 1; later ones average in
-            w = share if self.weights[index] == 0 else self.WEIGHT * share
+            w = share if self.weights[index] == 0 else (shape_weight or self.WEIGHT) * share
             self.ratios[index] += w * (shape - self.ratios[index])
             if self.weights[index] == 0:
                 bisect.insort(self._seen, index)
