@@ -125,28 +125,30 @@ def test_a_step_with_other_requests_or_a_prefill_chunk_is_not_held_to_the_promis
     assert speculator.realized.num_steps == 0 and speculator.realized.factor == 1.0
 
 
-def test_the_survival_scale_is_the_plans_expected_drafted_tokens_over_the_gates():
+def test_the_survival_scale_is_committed_over_expected_drafted_tokens_from_long_moving_averages():
     gain = RealizedGain()
+    w = RealizedGain.TOKENS_WEIGHT
     assert gain.survival_scale == 1.0
-    gain.observe_plan(2.0, 1.0)  # the gate expected 2 drafted tokens to commit, the plan 1
+    gain.observe_tokens(2.0, 1)  # the gate expected 2 drafted tokens to commit, the step committed 1
     assert gain.survival_scale == pytest.approx(0.5)
-    gain.observe_plan(1.0, 1.0)  # averages in at WEIGHT: (0.9 * 1 + 0.1 * 1) / (0.9 * 2 + 0.1 * 1)
-    assert gain.survival_scale == pytest.approx(1.0 / 1.9)
-    gain.observe_plan(0.01, 0.0)  # the gate expected next to nothing: no evidence either way
-    assert gain.num_plans == 2
+    gain.observe_tokens(1.0, 4)  # averages in at TOKENS_WEIGHT
+    assert gain.survival_scale == pytest.approx(((1 - w) * 1 + w * 4) / ((1 - w) * 2 + w * 1))
+    gain.observe_tokens(0.01, 0)  # the gate expected next to nothing: no evidence either way
+    assert gain.num_token_steps == 2
+    before = gain.survival_scale
     gain.relax(0.5)  # skipping steps relaxes the seconds, not this bias
-    assert gain.survival_scale == pytest.approx(1.0 / 1.9)
-    for _ in range(100):
-        gain.observe_plan(1.0, 3.0)  # confidences keeping more than the gate expected never raise it past 1
+    assert gain.survival_scale == before
+    for _ in range(500):
+        gain.observe_tokens(1.0, 3)  # committing more than expected never raises it past 1
     assert gain.survival_scale == 1.0
-    for _ in range(200):
-        gain.observe_plan(1.0, 0.0)
+    for _ in range(1000):
+        gain.observe_tokens(1.0, 0)
     assert gain.survival_scale == RealizedGain.MIN_SCALE
 
 
-def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_what_the_plans_kept():
-    """DSpark-like: the gate predicts from the pooled survival, the calibrated confidences then
-    keep less; the next gate's survival is the pooled one times the plans' share."""
+def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_what_its_steps_committed():
+    """DSpark-like: the gate predicts from the pooled survival; steps that commit less than it
+    expected scale the next gate's survival down (a drafter without confidences: untouched)."""
     from services.decoder.engine.speculation import Speculator
     from services.decoder.spec.drafter import Draft, Drafter
 
@@ -156,20 +158,19 @@ def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_wha
         has_confidences = True
 
         def propose_batch(self, requests):
-            return [Draft([7] * r.max_tokens, [0.05] * r.max_tokens) for r in requests]  # unsure everywhere
+            return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens) for r in requests]
 
     request = _decoding_request()
     speculator = Speculator(Confident(), spec_tokens=3)
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
-    pooled = speculator.depth.rates(3)
-    assert speculator._gate_survival(request, 3) == pytest.approx(pooled)
+    assert speculator._gate_survival(request, 3) == pytest.approx(speculator.depth.rates(3))
     speculator.propose([request])
-    gate_extra = speculator.promise.expected_committed - 1
-    plan_extra = (speculator.plan.expected_committed - 1) if speculator.plan is not None else 0.0
-    assert gate_extra > plan_extra
-    scale = speculator.realized.survival_scale
-    assert scale == pytest.approx(max(plan_extra / gate_extra, RealizedGain.MIN_SCALE))
-    assert speculator._gate_survival(request, 3) == pytest.approx(speculator.depth.rates(3, scale))
+    expected = speculator.promise.expected_committed - 1
+    assert expected > 0.5
+    speculator.observe_step(4, 0.010, decoded=(1, 1))  # nothing drafted survived
+    assert speculator.realized.survival_scale == RealizedGain.MIN_SCALE
+    scaled = speculator.depth.rates(3, RealizedGain.MIN_SCALE)
+    assert speculator._gate_survival(request, 3) == pytest.approx(scaled)
 
 
 def test_every_so_many_drafting_steps_a_control_step_measures_the_base_the_gate_compares_with():

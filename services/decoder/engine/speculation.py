@@ -162,6 +162,8 @@ class Speculator:
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
             plan = promise[1]
             self.realized.observe(plan.seconds, seconds + self._propose_s)
+            if self.drafter.has_confidences:
+                self.realized.observe_tokens(plan.expected_committed - decoded[0], decoded[1] - decoded[0])
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -266,9 +268,6 @@ class Speculator:
             lengths = plan.lengths
             if any(lengths):
                 self.plan = plan
-            if self._promise is not None and self.drafter.has_confidences:
-                base = len(running)  # one committed token per request, drafts or not
-                self.realized.observe_plan(self._promise[1].expected_committed - base, plan.expected_committed - base)
             for request, draft, length in zip(drafting, drafts, lengths):
                 if draft.tokens and length == 0:
                     self._idle(request)

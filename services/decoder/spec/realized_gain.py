@@ -23,16 +23,17 @@ it: the raised bar then kept the drafter off 30% of the steps, where drafting pa
 the gate keeps the drafter off, nothing is measured, so the shortfall relaxes towards none each
 skipped step and the drafter is probed again.
 
-What the step's *plan* expects is another matter for a drafter with confidences (DSpark). Before
-the call the gate can only predict each request's draft from the pooled survival per position;
-after it, calibrated confidences cut each draft where it is unsure, and the plan's expectation
-(accurate: 1014 tokens committed where it expected 1028 at c=4) keeps only part of the gate's.
-The pooled survival is measured on the drafts verification saw, which the confidences had
-already cut to their sure stretches, so it overstates an uncut draft: at c=4 the gate expected
-2.84 drafted tokens per step to commit where the plans kept 1.32, drafted on 193 of 195 steps and
-delivered 0.89x of no speculation. Expectations are not noisy like committed tokens, so the
-ratio of the plan's expected drafted tokens to the gate's sets a ``survival_scale`` (at most 1)
-the gate multiplies its pooled survival by.
+The tokens matter to the gate of a drafter with confidences (DSpark) in another way. Before the
+call the gate predicts each request's draft from the pooled survival per position; after it,
+calibrated confidences cut each draft where it is unsure. The pooled survival is measured on the
+drafts verification saw, which the confidences had already cut to their sure stretches, so it
+overstates an uncut draft, and the gate drafts when its estimate is high: at c=4 it expected
+2.84 drafted tokens per step to commit where the plans expected 1.32 and the steps committed
+1.25, drafted on 193 of 195 steps and delivered 0.89x of no speculation. So the drafted tokens
+the gate expected and those the step committed feed two more moving averages, with a memory long
+enough (``TOKENS_WEIGHT``: ~50 drafting steps) that 1-or-4 noise averages out, and their ratio
+sets a ``survival_scale`` (at most 1) that the gate multiplies its pooled survival by. It is a
+bias of the pooled survival, not a slow spell, so skipped steps leave it be.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class RealizedGain:
     WEIGHT = 0.1  # of the newest drafting step in each moving average (~10 steps of memory)
     MAX_SLOWDOWN = 2.0  # one step counts as at most 2x its promised seconds (a preempted step, a page fault)
 
+    TOKENS_WEIGHT = 0.02  # of the newest drafting step in the token averages (~50 steps of memory)
     MIN_EXPECTED = 0.05  # drafted tokens the gate expects below which a step says nothing of the scale
     MIN_SCALE = 0.1
 
@@ -50,27 +52,27 @@ class RealizedGain:
         # one slow step among ten fast ones weighs by its seconds, not by its ratio)
         self.promised_s = self.seconds = 0.0
         self.num_steps = 0
-        # likewise of the drafted tokens the gate expected to commit / the plan then expected
-        self.gate_expected = self.plan_expected = 0.0
-        self.num_plans = 0
+        # likewise of the drafted tokens the gate expected to commit / the step committed
+        self.expected_tokens = self.committed_tokens = 0.0
+        self.num_token_steps = 0
 
     @property
     def survival_scale(self) -> float:
-        """The plan's expected drafted tokens over the gate's, of recent drafting steps, in
+        """Committed over expected drafted tokens of recent drafting steps, in
         ``[MIN_SCALE, 1]``: what the gate's pooled survival is multiplied by."""
-        if self.num_plans == 0:
+        if self.num_token_steps == 0:
             return 1.0
-        return min(max(self.plan_expected / self.gate_expected, self.MIN_SCALE), 1.0)
+        return min(max(self.committed_tokens / self.expected_tokens, self.MIN_SCALE), 1.0)
 
-    def observe_plan(self, gate_expected: float, plan_expected: float) -> None:
-        """A drafting step's gate expected ``gate_expected`` drafted tokens to commit (beyond one
-        per request); the plan made from the drafts' confidences expected ``plan_expected``."""
-        if gate_expected < self.MIN_EXPECTED or plan_expected < 0:
+    def observe_tokens(self, expected: float, committed: int) -> None:
+        """A drafting step's gate expected ``expected`` drafted tokens to commit (beyond one per
+        request); the step committed ``committed`` (likewise)."""
+        if expected < self.MIN_EXPECTED or committed < 0:
             return
-        w = 1.0 if self.num_plans == 0 else self.WEIGHT
-        self.gate_expected += w * (gate_expected - self.gate_expected)
-        self.plan_expected += w * (plan_expected - self.plan_expected)
-        self.num_plans += 1
+        w = 1.0 if self.num_token_steps == 0 else self.TOKENS_WEIGHT
+        self.expected_tokens += w * (expected - self.expected_tokens)
+        self.committed_tokens += w * (committed - self.committed_tokens)
+        self.num_token_steps += 1
 
     @property
     def factor(self) -> float:
