@@ -246,11 +246,9 @@ def _selection_line(facts: dict) -> str:
 
 def device_name(device: torch.device, bf16: bool) -> str:
     """The model card's words for where training ran, e.g. ``CPU (2 threads, bf16 matmuls)``."""
-    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
-             else f"CPU ({torch.get_num_threads()} threads")
     if device.type == "cuda":
-        return where + (" (bf16 matmuls)" if bf16 else "")
-    return where + (", bf16 matmuls)" if bf16 else ")")
+        return torch.cuda.get_device_name(device) + (" (bf16 matmuls)" if bf16 else "")
+    return f"CPU ({torch.get_num_threads()} threads" + (", bf16 matmuls)" if bf16 else ")")
 
 
 def run_pipeline(opts: PipelineOptions, llm=None) -> dict:

@@ -31,7 +31,7 @@ def target_features(model: LlamaModel, token_ids: list[int], layers: tuple[int, 
     attention = PagedAttention(pool, cfg.num_heads, model.scale)
     slots = list(range(num_pages))
     features = []
-    no_logits = torch.empty(0, dtype=torch.int64)
+    no_logits = torch.empty(0, dtype=torch.int64, device=model.device)
     for start in range(0, length, chunk_tokens):
         end = min(start + chunk_tokens, length)
         positions = list(range(start, end))
@@ -42,6 +42,6 @@ def target_features(model: LlamaModel, token_ids: list[int], layers: tuple[int, 
         )
         ids = torch.tensor(token_ids[start:end], dtype=torch.int64)
         _, feats = model.forward(ids.to(model.device), meta.to(model.device), attention,
-                                 logit_rows=no_logits.to(model.device), capture_layers=tuple(layers))
+                                 logit_rows=no_logits, capture_layers=tuple(layers))
         features.append(feats.cpu())
     return torch.cat(features)
