@@ -35,6 +35,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=4000, help="built-in prompts to distil (prefix of a fixed order)")
     p.add_argument("--distill-kinds", type=lambda t: tuple(k for k in t.split(",") if k), default=None,
                    help="distil only these built-in prompt kinds, comma-separated (chat, code, doc)")
+    p.add_argument("--no-distill-heldout", action="store_true",
+                   help="distil training-split prompts only: the held-out set (and figures measured on it) stays fixed")
     p.add_argument("--distill-minutes", type=float, default=None,
                    help="stop queueing prompts after this long (0: use the cache only; default: all prompts)")
     p.add_argument("--concurrency", type=int, default=16, help="requests generated together while distilling")
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         target_layers=args.target_layers or DEFAULT_TARGET_LAYERS, intermediate_size=args.intermediate_size,
         markov_rank=args.markov_rank, context_window=args.context_window, init_from=args.init_from,
         init_target=args.init_target_layers, resume=args.resume, validation_percent=args.validation_percent,
-        ship_weights=args.ship_weights, distill_kinds=args.distill_kinds,
+        ship_weights=args.ship_weights, distill_kinds=args.distill_kinds, distill_heldout=not args.no_distill_heldout,
         progress=not args.no_progress, device=args.device, train=train,
     )
     run_pipeline(opts)

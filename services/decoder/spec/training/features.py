@@ -8,8 +8,9 @@ key, its shard and length. A shard is written whole and only then entered in the
 continues after the last indexed one.
 
 Two writers fill the store: ``distill.py`` captures the features while it generates (the
-engine's ``capture_layers``, as a drafter receives them), and ``extract_features`` runs one dense
-prefill (``target_features``) for every sequence still missing (text files, older caches).
+engine's ``capture_layers``, as a drafter receives them), and ``extract_features`` runs dense
+prefills (``target_features``, several sequences to a forward) for every sequence still missing
+(text files, older caches).
 """
 
 from __future__ import annotations
@@ -23,13 +24,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from services.decoder.spec.training.target_features import target_features
+from services.decoder.spec.training.target_features import (
+    CHUNK_TOKENS,
+    batch_target_features,
+    target_features,
+)
 
 if TYPE_CHECKING:
     from services.decoder.spec.training.distill import Record
 
 INDEX_FILE = "index.json"
 DEFAULT_SHARD_BYTES = 128 << 20
+DEFAULT_BATCH_TOKENS = 4096  # padded tokens per batched prefill: a few MB of activations per layer
 
 
 def features_dir(data_dir: str | Path, layers: tuple[int, ...]) -> Path:
@@ -71,7 +77,7 @@ class FeatureStore:
 
     def add(self, key: str, features: torch.Tensor) -> None:
         """``features: [T, len(layers) * hidden]`` of one sequence (stored fp16)."""
-        stored = features.to(torch.float16).contiguous()
+        stored = features.to("cpu", torch.float16).contiguous()  # captured on a GPU: kept in host memory
         if not torch.isfinite(stored).all():
             raise ValueError(f"features of {key} overflow fp16 (max |x| = {float(features.abs().max()):.0f})")
         self.pending[f"{key}.features"] = stored
@@ -92,23 +98,38 @@ class FeatureStore:
 
 
 def extract_features(model, records: list[Record], data_dir: str | Path, layers: tuple[int, ...], *,
-                     shard_bytes: int = DEFAULT_SHARD_BYTES, progress: bool = True) -> dict:
-    """Extracts the features of every record not yet stored (one dense prefill each).
-    ``model``: the target ``LlamaModel``. Returns ``{"sequences": extracted now, "tokens": ...,
-    "total_sequences": ...}``."""
+                     shard_bytes: int = DEFAULT_SHARD_BYTES, batch_tokens: int = DEFAULT_BATCH_TOKENS,
+                     progress: bool = True) -> dict:
+    """Extracts the features of every record not yet stored. ``model``: the target
+    ``LlamaModel``. Sequences of at most ``CHUNK_TOKENS`` run several to a forward, by length,
+    at most ``batch_tokens`` padded tokens (count x longest) each; longer ones alone, chunked.
+    Returns ``{"sequences": extracted now, "tokens": ..., "total_sequences": ...}``."""
     store = FeatureStore(data_dir, layers, shard_bytes)
-    todo = [r for r in records if r.key not in store]
+    todo = sorted((r for r in records if r.key not in store), key=lambda r: len(r.token_ids))
     stats = {"sequences": 0, "tokens": 0}
-    bar = tqdm(total=sum(len(r.prompt_ids) + len(r.answer_ids) for r in todo), desc="features", unit="tok",
+    bar = tqdm(total=sum(len(r.token_ids) for r in todo), desc="features", unit="tok",
                disable=not progress, dynamic_ncols=True)
-    try:
-        for record in todo:
-            ids = record.token_ids
-            features = target_features(model, ids, layers)
-            store.add(record.key, features)
+
+    def stored(batch: list[Record], features: list[torch.Tensor]) -> None:
+        for record, feats in zip(batch, features):
+            store.add(record.key, feats)
             stats["sequences"] += 1
-            stats["tokens"] += len(ids)
-            bar.update(len(ids))
+            stats["tokens"] += len(record.token_ids)
+            bar.update(len(record.token_ids))
+
+    try:
+        batch: list[Record] = []
+        for record in todo:  # ascending length: the newest is the longest of its batch
+            length = len(record.token_ids)
+            if batch and (length > CHUNK_TOKENS or (len(batch) + 1) * length > batch_tokens):
+                stored(batch, batch_target_features(model, [r.token_ids for r in batch], layers))
+                batch = []
+            if length > CHUNK_TOKENS:
+                stored([record], [target_features(model, record.token_ids, layers)])
+            else:
+                batch.append(record)
+        if batch:
+            stored(batch, batch_target_features(model, [r.token_ids for r in batch], layers))
     finally:
         store.flush()
         bar.close()

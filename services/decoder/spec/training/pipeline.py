@@ -85,6 +85,7 @@ class PipelineOptions:
     resume: bool = False
     validation_percent: float = 2.0  # of the training sequences, held out of training to pick the weights
     distill_kinds: tuple[str, ...] | None = None  # built-in prompt kinds to distil (None: all)
+    distill_heldout: bool = True  # False: distil training-split prompts only (the held-out set stays as it is)
     ship_weights: str = "best"  # "best": the validation-best step's weights; "last": the last step's
     progress: bool = True
     device: str = "cpu"  # where the target (features), the drafter and its training live
@@ -139,6 +140,8 @@ def prepare_data(llm, opts: PipelineOptions) -> dict:
         log.info("text files: %d new chunks", added)
     if opts.distill_minutes != 0:
         prompts = distill_prompts(opts.num_prompts, opts.distill_kinds)
+        if not opts.distill_heldout:
+            prompts = [p for p in prompts if p.split == "train"]
         started = time.monotonic()
         store = FeatureStore(opts.data_dir, opts.target_layers)  # features captured while generating
         stats = distill(llm, prompts, opts.data_dir, concurrency=opts.concurrency, max_new_tokens=opts.max_new_tokens,
