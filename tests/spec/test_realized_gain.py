@@ -87,7 +87,8 @@ def test_a_gate_whose_steps_overrun_their_price_stops_drafting_and_probes_again_
         assert speculator.promise.expected_committed == pytest.approx(1.5)
         assert speculator.promise.seconds == pytest.approx(step_s)
         assert speculator.promise.gain == pytest.approx(promised_gain)
-        speculator.observe_step(2, step_s, decoded=(1, 1))  # committing less is not this check's business
+        # the draft survives: what was committed keeps the survival scale at 1 (its own test below)
+        speculator.observe_step(2, step_s, decoded=(1, 2))
     assert drafter.calls == 5 and speculator.realized.factor == pytest.approx(1.0)
     # proposals that take 5 ms more than priced: once the factor falls below 1.02 / 1.5, the
     # promise no longer clears the raised bar and the drafter stops
@@ -180,7 +181,7 @@ def test_every_so_many_drafting_steps_a_control_step_measures_the_base_the_gate_
     for _ in range(4):
         speculator.propose([request])
         assert speculator.promise is not None
-        speculator.observe_step(2, 0.010, decoded=(1, 1))
+        speculator.observe_step(2, 0.010, decoded=(1, 2))  # the draft survives: the survival scale stays 1
     calls = drafter.calls
     speculator.propose([request])  # the control step: no drafter call, no draft, nothing promised
     assert drafter.calls == calls and speculator.promise is None
@@ -194,3 +195,50 @@ def test_every_so_many_drafting_steps_a_control_step_measures_the_base_the_gate_
     assert costs.seconds_at(1) < 0.5 * (before + 0.006) + 1e-4
     speculator.propose([request])  # the streak starts again
     assert drafter.calls == calls + 1 and speculator.drafting_streak == 1
+
+
+def _confident_speculator():
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    class Confident(Drafter):
+        name = "confident"
+        prior_acceptance = 0.8
+        has_confidences = True
+
+        def propose_batch(self, requests):
+            return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens) for r in requests]
+
+    speculator = Speculator(Confident(), spec_tokens=1)
+    speculator.CONTROL_EVERY = 10**6
+    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
+    return speculator
+
+
+def test_the_survival_scale_is_measured_against_the_unscaled_expectation_so_it_holds_once_it_corrects():
+    """One-token drafts the pooled profile expects to survive at 0.8 commit every other time: the
+    scale settles at 0.5 / 0.8. Measured against the already-scaled expectation it would read
+    the corrected estimate as no bias and settle at the square root of that (0.79)."""
+    speculator = _confident_speculator()
+    request = _decoding_request()
+    unscaled = speculator.depth.rates(1)[0]
+    for step in range(400):
+        speculator.propose([request])
+        assert speculator.promise is not None  # 0.5 survival still pays in a memory-bound step
+        speculator.observe_step(2, 0.010, decoded=(1, 1 + step % 2))
+    assert speculator.realized.survival_scale == pytest.approx(0.5 / unscaled, abs=0.02)
+    speculator.propose([request])  # the gate now expects what the steps commit
+    assert speculator.promise.expected_committed - 1 == pytest.approx(0.5, abs=0.02)
+
+
+def test_a_gate_without_confidences_scales_the_requests_survival_by_what_its_steps_committed():
+    speculator, request, _ = _one_request_speculator()
+    own = speculator._scale(request)
+    assert speculator._gate_survival(request, 1) == pytest.approx(speculator.depth.rates(1, own))
+    speculator.propose([request])
+    assert speculator.promise.expected_committed == pytest.approx(1.5)
+    speculator.observe_step(2, 0.010, decoded=(1, 1))  # the drafted token did not survive
+    assert speculator.realized.survival_scale == RealizedGain.MIN_SCALE
+    scaled = speculator.depth.rates(1, own * RealizedGain.MIN_SCALE)
+    assert speculator._gate_survival(request, 1) == pytest.approx(scaled)
+    assert speculator._gate_survival(request, 1, scaled=False) == pytest.approx(speculator.depth.rates(1, own))

@@ -57,6 +57,7 @@ from services.decoder.spec.verify_budget import (
     ConfidenceCalibration,
     DraftPlan,
     choose_draft_plan,
+    expected_committed,
 )
 
 
@@ -121,7 +122,8 @@ class Speculator:
         self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
         self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
         self.realized = RealizedGain()  # what drafting steps delivered of the gate's promises
-        self._promise: tuple[int, DraftPlan] | None = None  # (requests, the gate's plan) of a step whose drafter ran
+        # (requests, the gate's plan, the drafted tokens it expected unscaled) of a step whose drafter ran
+        self._promise: tuple[int, DraftPlan, float] | None = None
         self._propose_s = 0.0  # the coming step's proposal (deferred context work, drafter call, budget)
         self.drafting_streak = 0  # drafting steps in a row since the last step without drafts
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
@@ -160,10 +162,9 @@ class Speculator:
         promise, self._promise = self._promise, None
         control, self._control = self._control, None
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
-            plan = promise[1]
+            _, plan, unscaled = promise
             self.realized.observe(plan.seconds, seconds + self._propose_s)
-            if self.drafter.has_confidences:
-                self.realized.observe_tokens(plan.expected_committed - decoded[0], decoded[1] - decoded[0])
+            self.realized.observe_tokens(unscaled, decoded[1] - decoded[0])
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -240,9 +241,9 @@ class Speculator:
             self.num_control_steps += 1
             drafting = []
         if self.profile is not None and drafting:
-            drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
+            drafting, max_tokens, promise, unscaled = self._worth_the_drafter(running, drafting, max_tokens)
             if drafting:
-                self._promise = (len(running), promise)
+                self._promise = (len(running), promise, unscaled)
         self.drafting_streak = self.drafting_streak + 1 if drafting else 0
         if not drafting:
             return
@@ -263,7 +264,7 @@ class Speculator:
         self.num_drafter_calls += 1
         if self.profile is not None:
             plan = self._plan(running, drafting, [self.calibration(d.confidences) if d.confidences
-                                                  else self._survival(r, len(d.tokens))
+                                                  else self._gate_survival(r, len(d.tokens))
                                                   for r, d in zip(drafting, drafts)])
             lengths = plan.lengths
             if any(lengths):
@@ -286,7 +287,9 @@ class Speculator:
         those positions (its heads run per position), and confidences may still cut the draft or
         use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent
         drafting steps against their promises (``RealizedGain``). Returns the kept requests, their
-        asks and the gate's plan."""
+        asks, the gate's plan and the drafted tokens it expects to commit before the survival
+        scale (what the step's committed tokens set the scale by: measured against the scaled
+        expectation, a scale that corrected a bias would read as no bias and drift back)."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
         plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
                           draft_s, self.realized.required_gain(self.MIN_GAIN),
@@ -302,9 +305,11 @@ class Speculator:
             self.realized.relax(self.COST_RELAX)
             self.depth.relax(self.COST_RELAX)
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
-        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan
+        unscaled = sum(expected_committed(self._gate_survival(drafting[i], predicted[i], scaled=False)) - 1
+                       for i in keep)
+        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan, unscaled
 
-    def _gate_survival(self, request: Request, num_positions: int) -> list[float]:
+    def _gate_survival(self, request: Request, num_positions: int, scaled: bool = True) -> list[float]:
         """The per-position survival the gate predicts a request's draft at. A drafter with
         confidences says per request, after its call, how far each draft will survive
         (calibrated), so before the call the gate needs only the drafter's pooled profile: a
@@ -312,16 +317,17 @@ class Speculator:
         fail at c=1), and gating on it (as a 10-step running rate then) skipped steps where
         drafting paid (c=1, 4 repeats paired: 1.045x vs 1.097x of no speculation, fixed k=2
         1.11x). Without confidences (n-gram, DFlash) the request's own survival is all there is
-        of its text (copy-heavy or not), so it scales the profile (``_survival``)."""
+        of its text (copy-heavy or not), so it scales the profile, before the call and after it.
+        ``scaled``: times ``RealizedGain.survival_scale``, what recent drafting steps kept of the
+        gate's expectations. With confidences, that is what their cuts kept; without, what the
+        budget's own choice costs: it drafts longest for the requests whose scale reads highest,
+        so their noise is on its side (at c=1, DFlash, 4 chat prompts, the plans expected 257
+        drafted tokens to commit where 242 did, and they verified longer drafts than fixed
+        one-token drafts did for the same tokens)."""
+        survival_scale = self.realized.survival_scale if scaled else 1.0
         if self.drafter.has_confidences:
-            # times what the confidences' cuts have kept of the gate's expectations (RealizedGain)
-            return self.depth.rates(num_positions, self.realized.survival_scale)
-        return self._survival(request, num_positions)
-
-    def _survival(self, request: Request, num_positions: int) -> list[float]:
-        """A draft without confidences: the pooled survival per position, scaled by how the
-        request's drafts have survived against it."""
-        return self.depth.rates(num_positions, self._scale(request))
+            return self.depth.rates(num_positions, survival_scale)
+        return self.depth.rates(num_positions, self._scale(request) * survival_scale)
 
     def _scale(self, request: Request) -> float:
         """The request's survival over the pooled profile's."""

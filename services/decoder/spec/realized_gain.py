@@ -23,17 +23,21 @@ it: the raised bar then kept the drafter off 30% of the steps, where drafting pa
 the gate keeps the drafter off, nothing is measured, so the shortfall relaxes towards none each
 skipped step and the drafter is probed again.
 
-The tokens matter to the gate of a drafter with confidences (DSpark) in another way. Before the
-call the gate predicts each request's draft from the pooled survival per position; after it,
-calibrated confidences cut each draft where it is unsure. The pooled survival is measured on the
-drafts verification saw, which the confidences had already cut to their sure stretches, so it
-overstates an uncut draft, and the gate drafts when its estimate is high: at c=4 it expected
-2.84 drafted tokens per step to commit where the plans expected 1.32 and the steps committed
-1.25, drafted on 193 of 195 steps and delivered 0.89x of no speculation. So the drafted tokens
+The tokens matter too. Before the call the gate predicts each request's draft from the pooled
+survival per position. For a drafter with confidences (DSpark), calibrated confidences then cut
+each draft where it is unsure; the pooled survival is measured on the drafts verification saw,
+which the confidences had already cut to their sure stretches, so it overstates an uncut draft,
+and the gate drafts when its estimate is high: at c=4 it expected 2.84 drafted tokens per step
+to commit where the plans expected 1.32 and the steps committed 1.25, drafted on 193 of 195
+steps and delivered 0.89x of no speculation. Without confidences (DFlash, n-gram) the budget
+drafts longest for the requests whose own survival reads highest, so their noise is on its side
+(c=1, DFlash: the plans expected 257 drafted tokens to commit, 242 did). So the drafted tokens
 the gate expected and those the step committed feed two more moving averages, with a memory long
 enough (``TOKENS_WEIGHT``: ~50 drafting steps) that 1-or-4 noise averages out, and their ratio
-sets a ``survival_scale`` (at most 1) that the gate multiplies its pooled survival by. It is a
-bias of the pooled survival, not a slow spell, so skipped steps leave it be.
+sets a ``survival_scale`` (at most 1) that the gate multiplies its survival by. The expectation
+is the one before the scale: against the scaled one, a scale that corrected a bias would read
+as no bias and drift back (half-way, in the log: the square root of the bias). It is a bias of
+the survival, not a slow spell, so skipped steps leave it be.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class RealizedGain:
 
     def observe_tokens(self, expected: float, committed: int) -> None:
         """A drafting step's gate expected ``expected`` drafted tokens to commit (beyond one per
-        request); the step committed ``committed`` (likewise)."""
+        request) at its survival before the scale; the step committed ``committed`` (likewise)."""
         if expected < self.MIN_EXPECTED or committed < 0:
             return
         w = 1.0 if self.num_token_steps == 0 else self.TOKENS_WEIGHT
