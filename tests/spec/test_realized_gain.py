@@ -149,21 +149,9 @@ def test_the_survival_scale_is_committed_over_expected_drafted_tokens_from_long_
 
 def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_what_its_steps_committed():
     """DSpark-like: the gate predicts from the pooled survival; steps that commit less than it
-    expected scale the next gate's survival down (a drafter without confidences: untouched)."""
-    from services.decoder.engine.speculation import Speculator
-    from services.decoder.spec.drafter import Draft, Drafter
-
-    class Confident(Drafter):
-        name = "confident"
-        prior_acceptance = 0.8
-        has_confidences = True
-
-        def propose_batch(self, requests):
-            return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens) for r in requests]
-
+    expected scale the next gate's survival down (a drafter without confidences: its own test below)."""
     request = _decoding_request()
-    speculator = Speculator(Confident(), spec_tokens=3)
-    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
+    speculator = _confident_speculator(spec_tokens=3)
     assert speculator._gate_survival(request, 3) == pytest.approx(speculator.depth.rates(3))
     speculator.propose([request])
     expected = speculator.promise.expected_committed - 1
@@ -197,7 +185,9 @@ def test_every_so_many_drafting_steps_a_control_step_measures_the_base_the_gate_
     assert drafter.calls == calls + 1 and speculator.drafting_streak == 1
 
 
-def _confident_speculator():
+def _confident_speculator(spec_tokens: int = 1):
+    """A speculator over a memory-bound step (10 ms at any size) whose drafter says 0.9 at every
+    position (pooled prior 0.8), without control steps."""
     from services.decoder.engine.speculation import Speculator
     from services.decoder.spec.drafter import Draft, Drafter
 
@@ -209,7 +199,7 @@ def _confident_speculator():
         def propose_batch(self, requests):
             return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens) for r in requests]
 
-    speculator = Speculator(Confident(), spec_tokens=1)
+    speculator = Speculator(Confident(), spec_tokens=spec_tokens)
     speculator.CONTROL_EVERY = 10**6
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
     return speculator

@@ -40,8 +40,8 @@ def target_features(model: LlamaModel, token_ids: list[int], layers: tuple[int, 
     distilled answers, not the target's argmax). Runs where the model's weights are (CPU or
     GPU); the features come back on the CPU."""
     length = len(token_ids)
-    attention = _attention(model, _pages(length))
     pages = list(range(_pages(length)))
+    attention = _attention(model, len(pages))
     features = []
     for start in range(0, length, chunk_tokens):
         end = min(start + chunk_tokens, length)
