@@ -2,13 +2,16 @@
 
 Prompt kinds (held-out, built in; none were used to tune anything):
 - ``code_edit``: a function plus an instruction to rename a variable (copy-heavy);
-- ``chat``: short open questions in the chat template;
+- ``chat``: short open questions in the chat template (4 hand-written, then the drafters'
+  held-out split);
 - ``long_doc_qa``: a ~4K-token document of standard-library source and a question about it.
 For each kind and concurrency (1, 4, 16 requests at once) and each setting (no speculation,
 n-gram with 4 and 8 draft tokens), greedy decoding of ``--max-tokens`` tokens: aggregate output
-tokens/s (wall time of the whole batch, prefill included, since speculation must pay for
-itself end to end) and mean acceptance length (tokens committed per verify step, bonus token
+tokens/s (over the summed wall time of the engine steps that decode the batch, prefill
+included, since speculation must pay for itself end to end) and mean acceptance length (tokens committed per verify step, bonus token
 included). Speculation is lossless here (greedy), so outputs are identical: checked.
+With ``--schedule interleave`` or ``lockstep`` every setting's engine is alive at once and the
+repeats pair up (``repeat_runs``); speedups are then medians of per-repeat ratios.
 Writes ``results/<date>-<machine>/spec.json`` and ``spec.png``.
 """
 
@@ -49,6 +52,16 @@ CHAT_QUESTIONS = [
 ]
 
 
+def _heldout_chat(index: int) -> str:
+    """Chat prompt ``index`` beyond the hand-written ones: from the drafters' held-out split
+    (``spec/training/prompts.py``: topics no training prompt has), spread over its topics and
+    templates (a stride coprime with its size: distinct for every index below it)."""
+    from services.decoder.spec.training.prompts import chat_prompts
+
+    held = [p.text for p in chat_prompts() if p.split == "heldout"]
+    return held[(index * 37) % len(held)]
+
+
 def build_prompts(tokenizer, kind: str, count: int) -> list[list[int]]:
     def chat(content: str) -> list[int]:
         return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": content}]),
@@ -59,7 +72,7 @@ def build_prompts(tokenizer, kind: str, count: int) -> list[list[int]]:
         if kind == "code_edit":
             content = f"Rewrite this function, renaming `ordered` to `by_start{i}`. Output only code.\n\n{CODE_SNIPPET}"
         elif kind == "chat":
-            content = CHAT_QUESTIONS[i % len(CHAT_QUESTIONS)]
+            content = CHAT_QUESTIONS[i] if i < len(CHAT_QUESTIONS) else _heldout_chat(i - len(CHAT_QUESTIONS))
         elif kind == "long_doc_qa":
             source = Path(sysconfig.get_paths()["stdlib"], ["textwrap.py", "shlex.py", "bisect.py", "glob.py"][i % 4])
             doc_ids = tokenizer.encode(source.read_text())[:3800]
@@ -94,9 +107,9 @@ def parse_settings(text: str) -> list[tuple[str, int, str]]:
 class SettingRun:
     """One setting's engine for one batch of prompts. Each ``run()`` decodes the prompts once on
     the same engine (as a server would: the adaptive budget's estimates and calibration carry
-    over); ``figures()`` sums them up, with tok/s of the median run. ``batch_size``: the prompts
-    are decoded that many at a time, one batch after another (1: one after another), instead of
-    all together."""
+    over); ``figures()`` sums them up, with tok/s of the median run. ``batch_size``: at most that
+    many prompts are in flight, the next one starting as soon as one finishes (a server under a
+    fixed concurrency; 1: one after another), instead of all together."""
 
     def __init__(self, loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
                  budget: str = "fixed", attention: str = "dense", batch_size: int | None = None,
@@ -119,17 +132,58 @@ class SettingRun:
         self.rates: list[float] = []
         self.accepted = self.verify_steps = 0
         self.outputs: list[list[int]] | None = None
+        self._in_flight: dict[str, int] = {}
 
     def run(self) -> None:
+        """Decodes the prompts once (``begin``, then ``advance`` until done)."""
+        self.begin()
+        while self.decoding:
+            self.advance()
+
+    def begin(self) -> None:
+        """Starts one decode of the prompts: the first ``batch_size`` are queued; ``advance``
+        steps them."""
+        self._elapsed_s = 0.0
+        self._finished: dict[int, object] = {}  # prompt index -> its finished request
+        self._in_flight: dict[str, int] = {}  # request id -> prompt index
+        self._next = 0
+        self._fill()
+
+    @property
+    def decoding(self) -> bool:
+        """Whether a decode started by ``begin`` has steps left."""
+        return bool(self._in_flight)
+
+    def _fill(self) -> None:
+        while self._next < len(self.prompts) and len(self._in_flight) < self.batch_size:
+            self._in_flight[self.llm.engine.add_request(self.prompts[self._next], self.params)] = self._next
+            self._next += 1
+
+    def advance(self) -> None:
+        """One engine step, timed with the bookkeeping around it: each request that finished is
+        kept and the next prompt queued in its place (``batch_size`` in flight while prompts are
+        left, as under a server's fixed concurrency). When the last one finishes the decode's
+        tok/s (output tokens over the summed seconds of its steps, prefill included) is
+        recorded and ``decoding`` turns false."""
+        engine = self.llm.engine
         t0 = time.perf_counter()
-        outs = []
-        for start in range(0, len(self.prompts), self.batch_size):
-            outs += self.llm.generate(self.prompts[start : start + self.batch_size], self.params)
-        wall = time.perf_counter() - t0
-        self.rates.append(sum(len(o.token_ids) for o in outs) / wall)
-        self.accepted += sum(o.stats["accepted_tokens"] for o in outs)
-        self.verify_steps += sum(o.stats["num_verify_steps"] for o in outs)
-        outputs = [o.token_ids for o in outs]
+        engine.step()
+        for request_id in [r for r in self._in_flight if engine.requests[r].is_finished]:
+            self._finished[self._in_flight.pop(request_id)] = engine.pop_finished(request_id)
+        self._fill()
+        if not self._in_flight and engine.host_tier is not None:
+            engine.host_tier.flush()  # what ``run_until_done`` ends with
+        self._elapsed_s += time.perf_counter() - t0
+        if self._in_flight:
+            return
+        finished = [self._finished[i] for i in range(len(self.prompts))]
+        self._record([r.output_ids for r in finished], [r.stats.as_dict(len(r.output_ids)) for r in finished],
+                     self._elapsed_s)
+
+    def _record(self, outputs: list[list[int]], stats: list[dict], seconds: float) -> None:
+        self.rates.append(sum(len(o) for o in outputs) / seconds)
+        self.accepted += sum(s["accepted_tokens"] for s in stats)
+        self.verify_steps += sum(s["num_verify_steps"] for s in stats)
         if self.outputs is not None and outputs != self.outputs:
             raise RuntimeError(f"{self.name}: greedy outputs differ between repeats")
         self.outputs = outputs
@@ -156,22 +210,29 @@ class SettingRun:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+SCHEDULES = ("sequential", "interleave", "lockstep")
+
+
 def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: list[tuple[str, int, str]],
-                 attention: str = "dense", repeats: int = 1, interleave: bool = False, batch_size: int | None = None,
-                 gemm_dtype: str | None = None):
-    """Yields ``(setting, figures)`` per setting, in order. Sequential: each setting's engine is
-    built, run ``repeats`` times and dropped before the next. Interleaved: every setting's
-    engine is built first and the repeats go round over them, forwards and backwards in turn
-    (none, a, b, b, a, none, ...), so that slow drift of the machine (other load, memory
-    placement) falls on every setting alike rather than on whichever ran during it; it holds all
-    the engines at once.
+                 attention: str = "dense", repeats: int = 1, schedule: str = "sequential",
+                 batch_size: int | None = None, gemm_dtype: str | None = None):
+    """Yields ``(setting, figures)`` per setting, in order. ``schedule``:
+
+    - ``sequential``: each setting's engine is built, run ``repeats`` times and dropped before
+      the next;
+    - ``interleave`` and ``lockstep``: every setting's engine is built first (all held at once)
+      and ``repeat_runs`` goes round them.
+
     ``batch_size``, ``gemm_dtype``: see ``SettingRun`` and ``DecoderConfig``."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+
     def build(setting):
         spec, spec_tokens, budget = setting
         return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention, batch_size,
                           gemm_dtype)
 
-    if not interleave:
+    if schedule == "sequential":
         for setting in settings:
             run = build(setting)
             for _ in range(repeats):
@@ -180,15 +241,38 @@ def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: li
             yield setting, run.figures()
         return
     runs = [build(setting) for setting in settings]
-    for repeat in range(repeats):
-        # odd repeats go the other way round (none, a, b, b, a, none, ...): a drift that builds up
-        # over a round puts setting j after the baseline in one repeat and before it in the next,
-        # so it moves paired ratios both ways instead of always the same way for the last settings
-        for run in runs if repeat % 2 == 0 else runs[::-1]:
-            run.run()
+    repeat_runs(runs, repeats, lockstep=schedule == "lockstep")
     for setting, run in zip(settings, runs):
         run.close()
         yield setting, run.figures()
+
+
+def repeat_runs(runs: list[SettingRun], repeats: int, lockstep: bool = False) -> None:
+    """Each run decodes its prompts ``repeats`` times, the runs taking turns, forwards and
+    backwards in turn (none, a, b, b, a, none, ...: a drift that builds up over a round puts
+    setting j after the baseline once and before it the next time, so it moves paired ratios
+    both ways instead of always the same way for the last settings).
+
+    Interleaved (``lockstep`` false), the turn is a whole decode: the machine's drift slower than
+    one decode (seconds) falls on every setting alike. In ``lockstep`` the turn is one engine
+    step: every run's decode starts together and the engines step by turns, one step each, so
+    anything that slows the machine for longer than a few steps (tens of ms) slows every setting
+    alike. An A/A run (``--settings none,none,none``) shows what either leaves: on a shared 2-core
+    VM, identical engines decoding by turns read up to 20% apart."""
+    for repeat in range(repeats):
+        order = runs if repeat % 2 == 0 else runs[::-1]
+        if not lockstep:
+            for run in order:
+                run.run()
+            continue
+        for run in order:
+            run.begin()
+        turn = 0
+        while any(run.decoding for run in runs):
+            for run in order if turn % 2 == 0 else order[::-1]:
+                if run.decoding:
+                    run.advance()
+            turn += 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,16 +283,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default="code_edit,chat,long_doc_qa")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--prompts", type=int, default=0,
-                        help="distinct prompts per kind, decoded CONCURRENCY at a time (default: CONCURRENCY, "
-                             "one batch)")
+                        help="prompts per kind, CONCURRENCY in flight at a time, the next starting as one "
+                             "finishes (default: CONCURRENCY, one batch); chat prompts beyond the 4 hand-written "
+                             "ones come from the drafters' held-out split")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--settings", default=DEFAULT_SETTINGS,
                         help="comma list of spec[:draft tokens[:fixed|adaptive]], the first 'none'")
     parser.add_argument("--attention", default="dense", help="dense, sparse or dense,sparse")
     parser.add_argument("--repeats", type=int, default=1, help="runs per setting on one engine; median tok/s")
-    parser.add_argument("--interleave", action="store_true",
-                        help="build every setting's engine first and run the repeats round over them, forwards "
-                             "and backwards in turn (holds them all at once: GiBs each)")
+    parser.add_argument("--schedule", default="sequential", choices=SCHEDULES,
+                        help="sequential: one engine at a time; interleave: every setting's engine built first and "
+                             "the repeats go round them, whole decodes in turn; lockstep: the same, the engines "
+                             "taking turns step by step (holds them all at once: GiBs each)")
+    parser.add_argument("--interleave", action="store_const", const="interleave", dest="schedule",
+                        help="--schedule interleave")
+    parser.add_argument("--lockstep", action="store_const", const="lockstep", dest="schedule",
+                        help="--schedule lockstep")
     parser.add_argument("--gemm-dtype", default=None, choices=["float32", "bfloat16"],
                         help="projection matmul precision (DecoderConfig.gemm_dtype; default: fp32 like the model)")
     parser.add_argument("--name", default="spec", help="output file stem")
@@ -216,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     loaded = load_model(resolve_model_path(None))
     settings = parse_settings(args.settings)
+    paired = args.schedule != "sequential"  # repeat i of every setting ran together
     rows = []
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     bar = progress(desc="spec", unit="run",
@@ -226,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 prompts = build_prompts(loaded.tokenizer, kind, max(args.prompts, concurrency))
                 base = None
                 for (spec, spec_tokens, budget), figures in run_settings(loaded, prompts, args.max_tokens, settings,
-                                                                         attention, args.repeats, args.interleave,
+                                                                         attention, args.repeats, args.schedule,
                                                                          batch_size=concurrency,
                                                                          gemm_dtype=args.gemm_dtype):
                     outputs = figures.pop("outputs")
@@ -234,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
                         base = (figures, outputs)
                     row = {"attention": attention, "kind": kind, "concurrency": concurrency, "prompts": len(prompts),
                            "spec": spec,
-                           "spec_tokens": spec_tokens, "verify_budget": budget, **figures, "paired": args.interleave,
-                           "speedup_vs_none": speedup(figures, base[0], args.interleave),
-                           "speedup_runs": paired_ratios(figures, base[0]) if args.interleave else None,
+                           "spec_tokens": spec_tokens, "verify_budget": budget, **figures, "paired": paired,
+                           "speedup_vs_none": speedup(figures, base[0], paired),
+                           "speedup_runs": paired_ratios(figures, base[0]) if paired else None,
                            "lossless": outputs == base[1]}
                     rows.append(row)
                     bar.update()
@@ -261,7 +352,7 @@ def write_results(args, loaded, rows: list[dict]) -> dict[str, bool]:
               "settings": {"max_tokens": args.max_tokens, "dtype": "float32",
                            "gemm_dtype": args.gemm_dtype or "float32", "attention": args.attention,
                            "sparse": SPARSE, "drafter_settings": args.settings, "threads": torch.get_num_threads(),
-                           "repeats": args.repeats, "interleave": args.interleave,
+                           "repeats": args.repeats, "schedule": args.schedule,
                            "prompts_per_kind": args.prompts or "concurrency"},
               "rows": rows, "targets": targets}
     out_dir = Path(args.out) if args.out else results_dir()

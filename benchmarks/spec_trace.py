@@ -3,7 +3,7 @@ budget predicted for each step against what the step then took.
 
 For one prompt kind and concurrency, each setting (``none`` first, then e.g. ``dspark:1`` and
 ``dspark:7:adaptive``) gets its own engine; the batch is decoded ``--repeats`` times per engine,
-interleaved across settings. Every engine step records: decoding requests, batch tokens, drafted
+the engines stepping by turns (``--schedule lockstep``, the default) or decoding by turns. Every engine step records: decoding requests, batch tokens, drafted
 and committed tokens, the target pass's measured seconds and the seconds the speculator's
 speculator priced that step at just before (step table + attention per key row), the proposal's seconds (drafter
 call included) and the rest of the step (scheduling, bookkeeping, feature hand-off).
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.progress import echo
-from benchmarks.spec import SettingRun, build_prompts, parse_settings, speedup
+from benchmarks.spec import SettingRun, build_prompts, parse_settings, repeat_runs, speedup
 from services.decoder.engine.scheduler import ScheduledRequest
 
 
@@ -104,6 +104,22 @@ def summarize(steps: list[dict]) -> dict:
             "propose_ms": 1e3 * statistics.median(s["propose_s"] for s in group),
             "committed": statistics.mean(s["committed"] for s in group)}
         for n, group in sorted(by_tokens.items())}
+    # per count of decoding requests: committed tokens per second of the steps that verified drafts
+    # and of those that did not, side by side (what drafting delivered where it ran, measured; a
+    # batch's tail, 1-2 requests left, gains where 4 lose), and what the gate promised the former
+    by_requests = defaultdict(lambda: ([], []))
+    for s in decode:
+        by_requests[s["num_decoding"]][bool(s["drafted"])].append(s)
+
+    def rate(group: list[dict]) -> float | None:
+        return sum(s["committed"] for s in group) / sum(s["step_s"] for s in group) if group else None
+
+    out["by_requests"] = {
+        n: {"plain_steps": len(plain), "plain_committed_per_s": rate(plain), "drafting_steps": len(drafting),
+            "drafting_committed_per_s": rate(drafting),
+            "mean_promised_gain": (statistics.mean(s["gate_gain"] for s in drafting if "gate_gain" in s)
+                                   if any("gate_gain" in s for s in drafting) else None)}
+        for n, (plain, drafting) in sorted(by_requests.items())}
     # realized gain of a drafting step: its committed tokens per second of step time over a
     # non-drafting step with the same requests (one token each), priced by the same table
     gains = [(s["committed"] / s["step_s"]) / (s["num_decoding"] / (s["predicted_plain_s"] + s["step_s"]
@@ -145,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", default="none,dspark:1,dspark:7:adaptive")
     parser.add_argument("--attention", default="dense", choices=["dense", "sparse"])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--schedule", default="lockstep", choices=["interleave", "lockstep"],
+                        help="the engines take turns step by step (lockstep) or whole decodes (interleave)")
     parser.add_argument("--name", default="spec_trace")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -154,15 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     for spec, spec_tokens, budget in parse_settings(args.settings):
         run = SettingRun(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1), budget, args.attention)
         runs.append((f"{spec}:{spec_tokens}:{budget}", run, StepTrace(run.llm.engine)))  # traced after the warm-up
-    for _ in range(args.repeats):
-        for _name, run, _trace in runs:
-            run.run()
+    repeat_runs([run for _name, run, _trace in runs], args.repeats, lockstep=args.schedule == "lockstep")
     rows = []
     base = runs[0][1].figures()
     for name, run, trace in runs:
         figures = run.figures()
         row = {"setting": name, "tokens_per_s": figures["tokens_per_s"], "tokens_per_s_runs": figures["tokens_per_s_runs"],
-               "speedup_vs_none": speedup(figures, base, paired=True), **summarize(trace.steps)}  # repeats interleaved
+               "speedup_vs_none": speedup(figures, base, paired=True), **summarize(trace.steps)}  # repeats paired
         run.close()
         rows.append(row)
         echo(f"{name:20s} {row['tokens_per_s']:6.1f} tok/s x{row['speedup_vs_none']:.2f}  "
@@ -180,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
                  f"{q['expected_committed']:.1f}), exec + propose {q['exec_and_propose_s']:.2f} s (promised "
                  f"{q['promised_s']:.2f} s), plain step priced {q['mean_plain_ms']:.1f} ms, mean promised gain "
                  f"{q['mean_gain']:.3f}")
+        for n, g in row["by_requests"].items():
+            plain, drafting = g["plain_committed_per_s"], g["drafting_committed_per_s"]
+            promised = f" (promised x{g['mean_promised_gain']:.3f})" if g["mean_promised_gain"] else ""
+            echo(f"   {n:3d} requests: plain {g['plain_steps']:4d} steps "
+                 f"{plain or 0:6.1f} committed/s, drafting {g['drafting_steps']:4d} steps {drafting or 0:6.1f}"
+                 f"{f' = x{drafting / plain:.3f}' if plain and drafting else ''}{promised}")
         for n, g in row["by_tokens"].items():
             predicted = f"{g['predicted_ms']:6.1f}" if g["predicted_ms"] is not None else "   n/a"
             echo(f"   {n:3d} tokens x{g['steps']:4d}: exec {g['exec_ms']:6.1f} ms (priced {predicted}) "

@@ -1,5 +1,7 @@
 """benchmarks.spec's run protocol: sequential vs interleaved repeats, on the real engine."""
 
+import pytest
+
 from benchmarks import spec as bench
 
 
@@ -26,14 +28,14 @@ def test_interleaved_repeats_go_round_both_ways_and_sequential_ones_do_not(monke
     settings = bench.parse_settings("none,ngram:4,dflash:7:adaptive")
     names = ["none:1:fixed", "ngram:4:fixed", "dflash:7:adaptive"]
 
-    got = list(bench.run_settings(None, [[1]], 8, settings, repeats=2, interleave=True))
+    got = list(bench.run_settings(None, [[1]], 8, settings, repeats=2, schedule="interleave"))
     assert [s for s, _ in got] == settings and all(f == {"runs": 2} for _, f in got)
     runs = [name for what, name in order if what == "run"]
     assert runs == names + names[::-1]  # the second round backwards: drift falls both ways
     assert [what for what, _ in order[:3]] == ["build"] * 3  # every engine exists before the first run
 
     order.clear()
-    got = list(bench.run_settings(None, [[1]], 8, settings, repeats=2, interleave=False))
+    got = list(bench.run_settings(None, [[1]], 8, settings, repeats=2, schedule="sequential"))
     assert [f for _, f in got] == [{"runs": 2}] * 3
     assert [name for what, name in order if what == "run"] == [n for n in names for _ in range(2)]
     assert order[:4] == [("build", names[0]), ("run", names[0]), ("run", names[0]), ("close", names[0])]
@@ -45,33 +47,90 @@ def test_interleaved_runs_are_lossless_on_the_real_engine(loaded_model):
     tok = loaded_model.tokenizer
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": "Count from 1 to 12."}]),
                           add_special_tokens=False)]
-    got = dict(bench.run_settings(loaded_model, prompts, 24, bench.parse_settings("none,ngram:4"), repeats=2,
-                                  interleave=True))
-    none, ngram = got[("none", 0, "fixed")], got[("ngram", 4, "fixed")]
-    assert ngram["outputs"] == none["outputs"] and len(none["outputs"][0]) == 24
-    assert len(none["tokens_per_s_runs"]) == len(ngram["tokens_per_s_runs"]) == 2
-    assert ngram["mean_acceptance_length"] > 1.0 and none["mean_acceptance_length"] == 0.0
+    for schedule in ("interleave", "lockstep"):
+        got = dict(bench.run_settings(loaded_model, prompts, 24, bench.parse_settings("none,ngram:4"), repeats=2,
+                                      schedule=schedule))
+        none, ngram = got[("none", 0, "fixed")], got[("ngram", 4, "fixed")]
+        assert ngram["outputs"] == none["outputs"] and len(none["outputs"][0]) == 24
+        assert len(none["tokens_per_s_runs"]) == len(ngram["tokens_per_s_runs"]) == 2
+        assert ngram["mean_acceptance_length"] > 1.0 and none["mean_acceptance_length"] == 0.0
+    with pytest.raises(ValueError, match="schedule"):
+        list(bench.run_settings(loaded_model, prompts, 24, bench.parse_settings("none"), schedule="shuffled"))
 
 
-def test_a_setting_run_decodes_its_prompts_batch_size_at_a_time():
-    """``--prompts 3 --concurrency 2``: batches of 2 then 1, one after another; the figures count
-    every prompt's tokens and verify steps."""
+def test_lockstep_engines_take_turns_step_by_step_both_ways():
+    """Three runs, two repeats: every decode starts before any step; the engines then step one at
+    a time, round by round, the order reversing every round (and every repeat), a run that has
+    finished dropping out; each run times only its own steps."""
+    order = []
+
+    class FakeRun:
+        def __init__(self, name, steps):
+            self.name, self.steps, self.left = name, steps, 0
+
+        def begin(self):
+            order.append(("begin", self.name))
+            self.left = self.steps
+
+        @property
+        def decoding(self):
+            return self.left > 0
+
+        def advance(self):
+            order.append(("step", self.name))
+            self.left -= 1
+
+    runs = [FakeRun("a", 2), FakeRun("b", 3), FakeRun("c", 1)]
+    bench.repeat_runs(runs, 2, lockstep=True)
+    steps = [name for what, name in order if what == "step"]
+    assert order[:3] == [("begin", "a"), ("begin", "b"), ("begin", "c")]
+    first = ["a", "b", "c", "b", "a", "b"]  # round 1 forwards, round 2 backwards (c done), round 3: b
+    second = ["c", "b", "a", "a", "b", "b"]  # the repeat starts from the other end
+    assert steps == first + second
+    assert order[9:12] == [("begin", "c"), ("begin", "b"), ("begin", "a")]
+
+
+def test_a_setting_run_keeps_batch_size_prompts_in_flight():
+    """``--prompts 3 --concurrency 2``: two in flight; the third starts in the step after the
+    first one finishes (as under a server's fixed concurrency), not after the whole batch; the
+    figures count every prompt's tokens and verify steps, in prompt order."""
     from types import SimpleNamespace
 
-    calls = []
+    class FakeEngine:
+        """Prompt ``[n]`` finishes after ``n`` steps with its prompt three times over."""
 
-    class FakeLLM:
-        def generate(self, prompts, params):
-            calls.append(list(prompts))
-            return [SimpleNamespace(token_ids=p * 3, stats={"accepted_tokens": 2, "num_verify_steps": 1}) for p in prompts]
+        host_tier = None
 
+        def __init__(self):
+            self.requests, self.added, self.steps = {}, [], 0
+
+        def add_request(self, ids, params):
+            request_id = f"r{len(self.added)}"
+            self.added.append((self.steps, ids))
+            self.requests[request_id] = SimpleNamespace(ids=ids, left=ids[0], is_finished=False)
+            return request_id
+
+        def step(self):
+            self.steps += 1
+            for request in self.requests.values():
+                request.left -= 1
+                request.is_finished = request.left <= 0
+
+        def pop_finished(self, request_id):
+            request = self.requests.pop(request_id)
+            stats = SimpleNamespace(as_dict=lambda n: {"accepted_tokens": 2, "num_verify_steps": 1})
+            return SimpleNamespace(output_ids=request.ids * 3, stats=stats)
+
+    engine = FakeEngine()
     run = bench.SettingRun.__new__(bench.SettingRun)
-    run.name, run.prompts, run.batch_size, run.llm, run.params = "x", [[1], [2], [3]], 2, FakeLLM(), None
-    run.rates, run.accepted, run.verify_steps, run.outputs = [], 0, 0, None
+    run.name, run.prompts, run.batch_size, run.params = "x", [[3], [1], [2]], 2, None
+    run.llm = SimpleNamespace(engine=engine)
+    run.rates, run.accepted, run.verify_steps, run.outputs, run._in_flight = [], 0, 0, None, {}
     run.run()
-    assert calls == [[[1], [2]], [[3]]]
+    # [1] finishes in step 1, so [2] joins after it; [3] and [2] finish in step 3
+    assert engine.added == [(0, [3]), (0, [1]), (1, [2])] and engine.steps == 3 and not run.decoding
     figures = run.figures()
-    assert figures["tokens"] == 9 and figures["outputs"] == [[1] * 3, [2] * 3, [3] * 3]
+    assert figures["tokens"] == 9 and figures["outputs"] == [[3] * 3, [1] * 3, [2] * 3]
     assert figures["mean_acceptance_length"] == 3.0  # (2 accepted + 1 bonus) per verify step
 
 
