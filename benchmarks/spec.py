@@ -286,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="prompts per kind, CONCURRENCY in flight at a time, the next starting as one "
                              "finishes (default: CONCURRENCY, one batch); chat prompts beyond the 4 hand-written "
                              "ones come from the drafters' held-out split")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="prompts per in-flight slot: ROUNDS x CONCURRENCY prompts per kind and concurrency, "
+                             "the next starting as one finishes (--prompts, when larger, wins)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--settings", default=DEFAULT_SETTINGS,
                         help="comma list of spec[:draft tokens[:fixed|adaptive]], the first 'none'")
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     for attention in args.attention.split(","):
         for kind in args.kinds.split(","):
             for concurrency in concurrencies:
-                prompts = build_prompts(loaded.tokenizer, kind, max(args.prompts, concurrency))
+                prompts = build_prompts(loaded.tokenizer, kind, max(args.prompts, args.rounds * concurrency))
                 base = None
                 for (spec, spec_tokens, budget), figures in run_settings(loaded, prompts, args.max_tokens, settings,
                                                                          attention, args.repeats, args.schedule,
@@ -353,7 +356,7 @@ def write_results(args, loaded, rows: list[dict]) -> dict[str, bool]:
                            "gemm_dtype": args.gemm_dtype or "float32", "attention": args.attention,
                            "sparse": SPARSE, "drafter_settings": args.settings, "threads": torch.get_num_threads(),
                            "repeats": args.repeats, "schedule": args.schedule,
-                           "prompts_per_kind": args.prompts or "concurrency"},
+                           "prompts_per_kind": args.prompts or f"{args.rounds} x concurrency"},
               "rows": rows, "targets": targets}
     out_dir = Path(args.out) if args.out else results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -244,6 +244,29 @@ def test_requests_start_from_the_drafters_pooled_profile(loaded_model):
         assert (speculator.depth.trials[0] > 0) == drafts
 
 
+def test_tables_sharing_the_machine_speed_keep_their_ratio_through_a_slow_spell():
+    """A step table and a drafter table on one ``MachineSpeed``, both measured as profiled at
+    first. Then a spell in which the target's steps run 1.5x their price: the speed takes it (the
+    shape only its small share), so the drafter's price rises with the step's and the gate's
+    drafter-to-step ratio barely moves, where a drafter table with a speed of its own keeps its
+    price and looks ~1.5x cheaper against the step."""
+    from services.decoder.spec.verify_budget import MachineSpeed
+
+    speed = MachineSpeed()
+    steps, drafter = CalibratedCosts(FLAT, speed), CalibratedCosts(FLAT, speed)
+    alone = CalibratedCosts(FLAT)
+    for table in (steps, drafter, alone):
+        table.observe(4 if table is steps else 1, 0.010)
+    for _ in range(60):
+        steps.observe(4, 0.015)
+    assert steps.seconds_at(4) == pytest.approx(0.015, rel=0.01)
+    assert drafter.speed == steps.speed == speed.value and speed.value > 1.4
+    assert drafter.seconds_at(1) / steps.seconds_at(4) == pytest.approx(1.0, abs=0.05)  # was 1.0
+    assert alone.seconds_at(1) / steps.seconds_at(4) == pytest.approx(1 / 1.5, rel=0.01)
+    drafter.relax(0.5)  # a skipped step: the drafter's shape relaxes, the shared speed stays
+    assert steps.seconds_at(4) == pytest.approx(0.015, rel=0.01)
+
+
 def test_one_measurement_moves_a_cost_at_most_twofold_and_skipping_relaxes_it():
     """A first drafter call that paid for a GEMM pack build (4x its usual cost) must not set the
     estimate outright: a budget that then never drafts would never measure it again. A
@@ -311,8 +334,9 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     assert calls == [] and speculator.num_skipped_steps == 1
     speed = 2.0**CalibratedCosts.SPEED_WEIGHT  # 2x: the speed's share and the shape's (2 / speed)
     relax = speculator.COST_RELAX
-    assert speculator.draft_costs.ratio_at(1) == pytest.approx((speed + relax * (1 - speed))
-                                                               * (2 / speed + relax * (1 - 2 / speed)))
+    # the shape relaxes; the speed is the machine's, shared with the step table that keeps measuring it
+    assert speculator.draft_costs.speed == speculator.step_costs.speed == pytest.approx(speed)
+    assert speculator.draft_costs.ratio_at(1) == pytest.approx(speed * (2 / speed + relax * (1 - 2 / speed)))
 
 
 def test_a_draft_must_clear_the_minimum_gain():

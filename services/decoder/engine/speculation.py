@@ -56,6 +56,7 @@ from services.decoder.spec.verify_budget import (
     CalibratedCosts,
     ConfidenceCalibration,
     DraftPlan,
+    MachineSpeed,
     choose_draft_plan,
     expected_committed,
 )
@@ -137,8 +138,9 @@ class Speculator:
     def profile(self, profile: BudgetProfile | None) -> None:
         """The adaptive budget's start-up profile; serving corrects its tables as it measures."""
         self._profile = profile
-        self.step_costs = None if profile is None else CalibratedCosts(profile.step_costs)
-        self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs)
+        speed = MachineSpeed()  # the machine's, for the target and the drafter alike
+        self.step_costs = None if profile is None else CalibratedCosts(profile.step_costs, speed)
+        self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs, speed)
         self.realized = RealizedGain()  # promises of the new tables
         self.attention_costs = None
         if profile is not None and self.query_key_rows is not None and (

@@ -75,9 +75,25 @@ class CostTable:
         return max(ss[lo] + slope * (count - cs[lo]), 0.0)
 
 
+class MachineSpeed:
+    """How fast the machine runs now against its start-up profile (1: as profiled; 1.2: every
+    cost 20% dearer): a geometric moving average that every ``CalibratedCosts`` sharing it moves
+    with each measurement. One engine's step table and drafter table share one: what slows the
+    machine (other load on its cores, memory bandwidth taken by neighbours) slows the target and
+    the drafter alike, so a slow spell leaves their ratio, which the gate decides on, alone. With
+    a speed of its own, each table followed its own noise: a drafting step measured in a slow
+    spell raised the step prices and not the drafter's, and drafting then looked cheap (c=4,
+    DSpark: a plain step priced at 47.3 ms on average where drafting was decided, 39.4 ms where
+    plain steps ran; in a trace of the same setting sharing one speed, 35.9 ms priced, 36.2 taken)."""
+
+    def __init__(self):
+        self.value = 1.0
+
+
 class CalibratedCosts:
     """A profiled ``CostTable`` corrected by what the engine measures while it serves: the
-    machine's current ``speed`` (every measurement, whatever its count) times a *shape*
+    machine's current ``speed`` (every measurement, whatever its count; a ``MachineSpeed`` that
+    other tables may share) times a *shape*
     correction per count, a moving average of measured / (speed x profiled) seconds at anchor
     counts 1, 2, 4, ... (a measurement updates the two anchors around its count, weighted by
     distance on the log2 axis). Between anchors that have measurements the shape is
@@ -107,9 +123,12 @@ class CalibratedCosts:
     # that then never drafts would never measure again to correct it
     MAX_JUMP = 2.0
 
-    def __init__(self, table: CostTable):
+    def __init__(self, table: CostTable, speed: MachineSpeed | None = None):
+        """``speed``: shared with other tables (then measured by all of them, and ``relax``
+        leaves it be); None: this table's own."""
         self.table = table
-        self.speed = 1.0
+        self.shared_speed = speed is not None
+        self._speed = speed or MachineSpeed()
         self.ratios = [1.0] * (self.MAX_LOG2 + 1)  # the shape at each anchor
         self.weights = [0.0] * (self.MAX_LOG2 + 1)  # measurement weight each anchor has seen
         self._seen: list[int] = []  # anchors with a measurement, ascending (the budget reads often)
@@ -132,6 +151,10 @@ class CalibratedCosts:
         frac = (x - lo) / (hi - lo)
         return self.ratios[lo] * (1 - frac) + self.ratios[hi] * frac
 
+    @property
+    def speed(self) -> float:
+        return self._speed.value
+
     def ratio_at(self, count: int) -> float:
         return self.speed * self.shape_at(count)
 
@@ -148,7 +171,7 @@ class CalibratedCosts:
         current = self.ratio_at(count)
         observed = min(max(seconds / profiled, current / self.MAX_JUMP), current * self.MAX_JUMP)
         observed = min(max(observed, self.LIMITS[0]), self.LIMITS[1])
-        self.speed *= (observed / current) ** self.SPEED_WEIGHT
+        self._speed.value *= (observed / current) ** self.SPEED_WEIGHT
         shape = observed / self.speed
         x = self._log2(count)
         lo = min(int(x), self.MAX_LOG2 - 1)
@@ -165,8 +188,10 @@ class CalibratedCosts:
     def relax(self, rate: float) -> None:
         """Moves the speed and every shape correction ``rate`` of the way back to 1 (the profile):
         called while the table is not being measured (the drafter skipped), so that an estimate
-        made high by measurements no longer current lets the drafter run, and be measured, again."""
-        self.speed += rate * (1.0 - self.speed)
+        made high by measurements no longer current lets the drafter run, and be measured, again.
+        A shared speed stays: the other tables keep measuring it."""
+        if not self.shared_speed:
+            self._speed.value += rate * (1.0 - self._speed.value)
         for index in self._seen:
             self.ratios[index] += rate * (1.0 - self.ratios[index])
 
