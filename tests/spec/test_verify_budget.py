@@ -359,3 +359,56 @@ def test_the_minimum_gain_is_one_margin_per_step():
     assert choose_draft_lengths([[0.07]] * 4, 4, 4, flat, min_gain=0.02) == [1] * 4
     assert choose_draft_lengths([[0.01]] * 4, 4, 4, flat, min_gain=0.02) == [0] * 4
     assert choose_draft_lengths([[0.01]] * 4, 4, 4, flat) == [1] * 4
+
+
+def test_the_plan_stops_early_only_where_no_longer_prefix_could_win():
+    """``choose_draft_plan`` stops once every position left, at the seconds of now, could not
+    beat the best: its plans equal those of an exhaustive walk over every prefix of the same
+    order (positions by acceptance probability per marginal second), for random steps of 1-16
+    requests on a padded, calibrated table, with fetches, attention, the drafter's costs and a
+    minimum gain."""
+    import random
+
+    from services.decoder.spec.verify_budget import choose_draft_plan
+
+    def exhaustive(confidences, base, costs, fetch, attend, draft_s, min_gain, per_position, base_extra_s):
+        slope = max((costs.seconds_at(base + 16) - costs.seconds_at(base)) / 16, 1e-9)
+        keyed = []
+        for r, conf in enumerate(confidences):
+            alive = 1.0
+            for k, p in enumerate(conf):
+                alive *= p
+                keyed.append((-alive / (slope + fetch[r] + attend[r] + per_position), r, k, alive))
+        keyed.sort(key=lambda item: item[:3])
+        step_s = costs.seconds_at(base)
+        base_rate = best_rate = base / (step_s + base_extra_s)
+        best, expected, extra, lengths = [0] * len(confidences), float(base), base_extra_s, [0] * len(confidences)
+        for taken, (_, r, k, alive) in enumerate(keyed, start=1):
+            expected += alive
+            extra += fetch[r] + attend[r] + per_position
+            lengths[r] = k + 1
+            step_s = max(step_s, costs.seconds_at(base + taken))
+            rate = expected / (step_s + extra + draft_s)
+            if rate > best_rate * (1 + 1e-9) and rate >= base_rate * (1 + min_gain):
+                best_rate, best = rate, list(lengths)
+        return best
+
+    rng = random.Random(7)
+    table = CostTable((1, 4, 8, 16, 32, 64, 128), (0.030, 0.033, 0.036, 0.045, 0.060, 0.090, 0.160),
+                      pads=((9, 16), (12, 16)))
+    drafted = 0
+    for trial in range(300):
+        costs = CalibratedCosts(table)
+        for _ in range(rng.randrange(4)):
+            costs.observe(rng.choice((1, 4, 16, 40)), 0.03 * rng.uniform(0.7, 1.6))
+        n = rng.randint(1, 16)
+        confidences = [[rng.uniform(0.05, 0.98) ** rng.choice((1, 3)) for _ in range(rng.randint(1, 7))]
+                       for _ in range(n)]
+        fetch = [rng.choice((0.0, 0.0, 1e-4, 1e-3)) for _ in range(n)]
+        attend = [rng.uniform(0, 2e-4) for _ in range(n)]
+        args = (rng.choice((0.0, 0.002, 0.012)), rng.choice((0.0, 0.02, 0.08)), rng.choice((0.0, 3e-4)),
+                rng.uniform(0, 2e-3))
+        got = choose_draft_plan(confidences, n, n, costs, fetch, args[0], args[1], args[2], attend, args[3])
+        assert got.lengths == exhaustive(confidences, n, costs, fetch, attend, *args), trial
+        drafted += any(got.lengths)
+    assert 30 < drafted < 270  # both outcomes occur: the walk is checked where it drafts and where it stops

@@ -373,10 +373,21 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     step_s = costs.seconds_at(tokens)
     base_rate = best_rate = expected / max(step_s + position_s, 1e-12)
     best = DraftPlan(list(lengths), expected, step_s + position_s, base_rate)
+    # every position not taken yet could add at most its whole expectation, and a step with more
+    # positions never costs less (the step is non-decreasing, the rest adds up, the drafter's
+    # call is charged with the first): once even all of them at the seconds of now cannot beat
+    # the best, or the minimum gain, no longer prefix can. At c=16, where no draft pays, this
+    # stops after about one position per request instead of pricing all 7 of each
+    left = sum(expected_committed(conf) - 1.0 for conf in confidences)
+    bar = base_rate * (1 + min_gain)
+    seconds = step_s + position_s + draft_s
     while heap:
+        if (expected + left) / max(seconds, 1e-12) <= max(best_rate * (1 + 1e-9), bar * (1 - 1e-12)):
+            break
         _, r, k = heapq.heappop(heap)
         alive[r] *= confidences[r][k]
         expected += alive[r]
+        left -= alive[r]
         tokens += 1
         position_s += fetch[r] + attend[r] + draft_s_per_position
         lengths[r] = k + 1
