@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.machine import results_dir
-from benchmarks.spec import versus_best_fixed
+from benchmarks.spec_targets import versus_best_fixed
 from services.decoder.spec.drafter import LEARNED_DRAFTERS
 
 Row = tuple[str, str, float | None, float | None, float | None, str, bool | None]  # name, unit, ours, base, ratio, target, pass

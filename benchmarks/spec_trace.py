@@ -3,10 +3,11 @@ budget predicted for each step against what the step then took.
 
 For one prompt kind and concurrency, each setting (``none`` first, then e.g. ``dspark:1`` and
 ``dspark:7:adaptive``) gets its own engine; the batch is decoded ``--repeats`` times per engine,
-the engines stepping by turns (``--schedule lockstep``, the default) or decoding by turns. Every engine step records: decoding requests, batch tokens, drafted
-and committed tokens, the target pass's measured seconds and the seconds the speculator's
-speculator priced that step at just before (step table + attention per key row), the proposal's seconds (drafter
-call included) and the rest of the step (scheduling, bookkeeping, feature hand-off).
+the engines stepping by turns (``--schedule lockstep``, the default) or decoding by turns.
+Every engine step records: decoding requests, batch tokens, drafted and committed tokens, the
+target pass's measured seconds and the seconds the speculator priced that step at just before
+(step table + attention per key row), the proposal's seconds (drafter call included) and the
+rest of the step (scheduling, bookkeeping, feature hand-off).
 
 Summary per setting: committed tokens per second of step time, the split of that time, the
 step table's error (measured / predicted, per batch-token count), and, for a setting that
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.progress import echo
-from benchmarks.spec import SettingRun, build_prompts, parse_settings, repeat_runs, speedup
+from benchmarks.spec import SettingRun, build_prompts, parse_settings, repeat_runs
+from benchmarks.spec_targets import speedup
 from services.decoder.engine.scheduler import ScheduledRequest
 
 

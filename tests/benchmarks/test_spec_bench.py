@@ -1,8 +1,10 @@
-"""benchmarks.spec's run protocol: sequential vs interleaved repeats, on the real engine."""
+"""benchmarks.spec's run protocol (sequential, interleaved and lockstep repeats, on the real engine)
+and its targets (benchmarks.spec_targets)."""
 
 import pytest
 
 from benchmarks import spec as bench
+from benchmarks import spec_targets as targets
 
 
 def test_interleaved_repeats_go_round_both_ways_and_sequential_ones_do_not(monkeypatch):
@@ -142,7 +144,7 @@ def test_adaptive_targets_compare_like_with_like():
     rows = [row("none", "fixed", "chat", 1, 30.0, 1.0), row("dspark", "fixed", "chat", 1, 24.0, 0.8),
             row("dspark", "adaptive", "chat", 1, 30.3, 1.01), row("dspark", "fixed", "chat", 4, 80.0, 1.1),
             row("dspark", "adaptive", "chat", 4, 75.0, 1.03), row("ngram", "adaptive", "chat", 1, 29.7, 0.99)]
-    assert bench.adaptive_targets(rows) == {
+    assert targets.adaptive_targets(rows) == {
         "dspark_adaptive_never_below_none": True,
         "dspark_adaptive_within_5pct_of_best_fixed": False,  # 75 < 0.95 * 80 at c=4
         "ngram_adaptive_never_below_none": False,  # no fixed ngram rows: nothing to compare with
@@ -157,13 +159,13 @@ def test_a_paired_speedup_is_the_median_of_per_repeat_ratios():
 
     base = {"tokens_per_s": 50.0, "tokens_per_s_runs": [40.0, 60.0]}
     faster = {"tokens_per_s": 52.5, "tokens_per_s_runs": [42.0, 63.0]}
-    assert bench.speedup(faster, base, paired=True) == pytest.approx(1.05)
+    assert targets.speedup(faster, base, paired=True) == pytest.approx(1.05)
     drifted = {"tokens_per_s": 55.0, "tokens_per_s_runs": [38.0, 72.0]}  # 0.95x, then 1.2x
-    assert bench.speedup(drifted, base, paired=True) == pytest.approx((0.95 + 1.2) / 2)
-    assert bench.speedup(drifted, base, paired=False) == pytest.approx(1.1)
-    assert bench.paired_ratios(drifted, base) == pytest.approx([0.95, 1.2])
+    assert targets.speedup(drifted, base, paired=True) == pytest.approx((0.95 + 1.2) / 2)
+    assert targets.speedup(drifted, base, paired=False) == pytest.approx(1.1)
+    assert targets.paired_ratios(drifted, base) == pytest.approx([0.95, 1.2])
     with pytest.raises(ValueError, match="differ in number"):
-        bench.speedup({"tokens_per_s_runs": [1.0]}, base, paired=True)
+        targets.speedup({"tokens_per_s_runs": [1.0]}, base, paired=True)
 
 
 def test_paired_adaptive_rows_compare_with_the_best_fixed_repeat_by_repeat():
@@ -181,7 +183,7 @@ def test_paired_adaptive_rows_compare_with_the_best_fixed_repeat_by_repeat():
         rows = [row("none", "fixed", [45.0, 55.0, 64.0], 1.0, paired),
                 row("dspark", "fixed", [50.0, 60.0, 70.0], 1.1, paired),
                 row("dspark", "adaptive", [49.0, 58.0, 53.0], 1.02, paired)]
-        assert bench.adaptive_targets(rows)["dspark_adaptive_within_5pct_of_best_fixed"] is within
+        assert targets.adaptive_targets(rows)["dspark_adaptive_within_5pct_of_best_fixed"] is within
 
 
 def test_block8_acceptance_reads_fixed_rows_and_net_speedup_any_row():
@@ -194,8 +196,8 @@ def test_block8_acceptance_reads_fixed_rows_and_net_speedup_any_row():
                 "mean_acceptance_length": acc, "lossless": True}
 
     none = {**row("fixed", 0.0, 1.0), "spec": "none", "spec_tokens": 0}
-    got = bench.spec_targets([none, row("fixed", 2.1, 0.9), row("adaptive", 1.6, 1.1)])
+    got = targets.spec_targets([none, row("fixed", 2.1, 0.9), row("adaptive", 1.6, 1.1)])
     assert got["dspark_acceptance_length_chat_block8>=2.0"] is True
     assert got["dspark_net_speedup_chat_c1"] is True and got["all_lossless"] is True
-    got = bench.spec_targets([none, row("adaptive", 1.6, 1.1)])
+    got = targets.spec_targets([none, row("adaptive", 1.6, 1.1)])
     assert "dspark_acceptance_length_chat_block8>=2.0" not in got and got["dspark_net_speedup_chat_c1"] is True

@@ -4,11 +4,8 @@ map alone, its effect on the verify budget, and the engine feeding it."""
 import pytest
 
 from dhisparse import LLM, SamplingParams
-from services.decoder.spec.verify_budget import (
-    ConfidenceCalibration,
-    CostTable,
-    choose_draft_lengths,
-)
+from services.decoder.spec.confidence_calibration import ConfidenceCalibration
+from services.decoder.spec.verify_budget import CostTable, choose_draft_lengths
 
 
 def test_confidence_calibration_starts_as_identity_and_learns_an_overconfident_head():

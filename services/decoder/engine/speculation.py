@@ -42,6 +42,7 @@ from services.decoder.model.attention import AttentionWork
 from services.decoder.model.linear import onednn_bf16_supported
 from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.attention_costs import PATHS, AttentionCosts
+from services.decoder.spec.confidence_calibration import ConfidenceCalibration
 from services.decoder.spec.depth_survival import DepthSurvival, RequestSurvival
 from services.decoder.spec.dflash.drafter import shipped_checkpoint
 from services.decoder.spec.drafter import (
@@ -54,7 +55,6 @@ from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import (
     BudgetProfile,
     CalibratedCosts,
-    ConfidenceCalibration,
     DraftPlan,
     MachineSpeed,
     choose_draft_plan,

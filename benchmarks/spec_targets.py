@@ -1,0 +1,80 @@
+"""The speculative-decoding benchmark's targets (issue #5) and its paired speedups, over the
+rows ``benchmarks/spec.py`` writes: each row one setting at one attention, prompt kind and
+concurrency, with ``speedup_vs_none`` and, for paired (interleaved or lockstep) runs, the
+per-repeat ``tokens_per_s_runs``."""
+
+from __future__ import annotations
+
+import statistics
+
+from services.decoder.spec.drafter import LEARNED_DRAFTERS
+
+
+def spec_targets(rows: list[dict]) -> dict[str, bool]:
+    """The issue's targets over a run's rows: lossless everywhere, n-gram >= 1.5x on copy-heavy
+    prompts at c=1, each learned drafter's block-8 acceptance on chat (fixed k=7 rows) and its net
+    speedup at c=1 (any length or budget), and ``adaptive_targets``."""
+    copy_c1 = [r for r in rows if r["kind"] == "code_edit" and r["concurrency"] == 1 and r["spec"] == "ngram"]
+    targets = {"all_lossless": all(r["lossless"] for r in rows)}
+    if copy_c1:
+        targets["ngram_speedup_copy_heavy_c1>=1.5"] = max(r["speedup_vs_none"] for r in copy_c1) >= 1.5
+    for drafter in LEARNED_DRAFTERS:
+        # block 8 = 7 drafted tokens verified whole: fixed rows (an adaptive row's drafts are cut)
+        chat = [r for r in rows if r["spec"] == drafter and r["kind"] == "chat" and r["spec_tokens"] == 7
+                and r["verify_budget"] == "fixed"]
+        if chat:
+            targets[f"{drafter}_acceptance_length_chat_block8>=2.0"] = min(r["mean_acceptance_length"] for r in chat) >= 2.0
+        c1 = [r for r in rows if r["spec"] == drafter and r["kind"] == "chat" and r["concurrency"] == 1]
+        if c1:  # any draft length or budget of this drafter
+            targets[f"{drafter}_net_speedup_chat_c1"] = max(r["speedup_vs_none"] for r in c1) > 1.0
+    targets.update(adaptive_targets(rows))
+    return targets
+
+
+def speedup(figures: dict, base: dict, paired: bool) -> float:
+    """``figures``' tok/s over ``base``'s. Paired (interleaved repeats: repeat i of every setting
+    ran back to back): the median of the per-repeat ratios, which the machine's slow drift
+    (+-10% between repeats on 2 shared cores) moves far less than a ratio of medians; otherwise
+    the ratio of the median tok/s."""
+    if paired:
+        return statistics.median(paired_ratios(figures, base))
+    return figures["tokens_per_s"] / base["tokens_per_s"]
+
+
+def paired_ratios(figures: dict, base: dict) -> list[float]:
+    """Repeat i's tok/s over ``base``'s repeat i, for interleaved repeats (the spread that
+    ``speedup``'s median is taken over: what a reader needs to judge a margin of a few %)."""
+    runs, base_runs = figures["tokens_per_s_runs"], base["tokens_per_s_runs"]
+    if len(runs) != len(base_runs):
+        raise ValueError(f"paired repeats differ in number: {len(runs)} vs {len(base_runs)}")
+    return [a / b for a, b in zip(runs, base_runs)]
+
+
+def versus_best_fixed(row: dict, rows: list[dict]) -> tuple[dict, float] | None:
+    """The fixed-length row of ``row``'s drafter, attention, kind and concurrency with the best
+    speedup, and ``row``'s speedup over it (paired when both are, see ``speedup``); None when
+    ``rows`` has no such fixed row."""
+    def key(r: dict) -> tuple:
+        return r["spec"], r.get("attention", "dense"), r["kind"], r["concurrency"]
+
+    fixed = [f for f in rows if key(f) == key(row) and f.get("verify_budget", "fixed") == "fixed"]
+    if not fixed:
+        return None
+    best = max(fixed, key=lambda f: f["speedup_vs_none"])
+    return best, speedup(row, best, row.get("paired", False) and best.get("paired", False))
+
+
+def adaptive_targets(rows: list[dict]) -> dict[str, bool]:
+    """Per drafter with adaptive rows: never below no speculation (every adaptive row's speedup
+    >= 1), and within 5% of the best fixed length of the same drafter at the same attention,
+    kind and concurrency (where the run has fixed rows to compare with; paired rows compare their
+    repeats pairwise, see ``speedup``)."""
+    targets = {}
+    for drafter in sorted({r["spec"] for r in rows if r["verify_budget"] == "adaptive"}):
+        adaptive = [r for r in rows if r["spec"] == drafter and r["verify_budget"] == "adaptive"]
+        targets[f"{drafter}_adaptive_never_below_none"] = min(r["speedup_vs_none"] for r in adaptive) >= 1.0
+        versus = [versus_best_fixed(r, rows) for r in adaptive]
+        within = [ratio >= 0.95 for _best, ratio in filter(None, versus)]
+        if within:
+            targets[f"{drafter}_adaptive_within_5pct_of_best_fixed"] = all(within)
+    return targets
