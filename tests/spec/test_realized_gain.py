@@ -66,7 +66,7 @@ def _one_request_speculator():
 
     request = _decoding_request()  # one pending token: it decodes next
     speculator = Speculator(Fixed(), spec_tokens=1)
-    speculator.CONTROL_EVERY = 10**6  # no control steps: these tests count drafting steps in a row
+    speculator.schedule.CONTROL_EVERY = 10**6  # no control steps: these tests count drafting steps in a row
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
     return speculator, request, Fixed
 
@@ -105,7 +105,7 @@ def test_a_gate_whose_steps_overrun_their_price_stops_drafting_and_probes_again_
     assert steps == math.ceil(math.log((15 - 10 * threshold) / 5) / math.log(0.9))
     calls = drafter.calls
     speculator.propose([request])
-    assert drafter.calls == calls and speculator.promise is None and speculator.num_skipped_steps == 1
+    assert drafter.calls == calls and speculator.promise is None and speculator.schedule.num_skipped_steps == 1
     speculator.observe_step(1, 0.010, decoded=(1, 1))  # a plain step reports nothing to the check
     # each skipped step relaxes the shortfall by COST_RELAX until the promise clears the bar again
     skipped = 1
@@ -114,7 +114,7 @@ def test_a_gate_whose_steps_overrun_their_price_stops_drafting_and_probes_again_
         speculator.observe_step(1, 0.010, decoded=(1, 1))
         skipped += 1
     assert speculator.realized.factor * threshold >= 1.0
-    assert skipped == speculator.num_skipped_steps + 1  # the probe itself drafted
+    assert skipped == speculator.schedule.num_skipped_steps + 1  # the probe itself drafted
 
 
 def test_a_step_with_other_requests_or_a_prefill_chunk_is_not_held_to_the_promise():
@@ -162,29 +162,6 @@ def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_wha
     assert speculator._gate_survival(request, 3) == pytest.approx(scaled)
 
 
-def test_every_so_many_drafting_steps_a_control_step_measures_the_base_the_gate_compares_with():
-    speculator, request, drafter = _one_request_speculator()
-    speculator.CONTROL_EVERY = 4
-    speculator.observe_step(1, 0.010)  # a plain step before: the 1-token price has a measurement
-    for _ in range(4):
-        speculator.propose([request])
-        assert speculator.promise is not None
-        speculator.observe_step(2, 0.010, decoded=(1, 2))  # the draft survives: the survival scale stays 1
-    calls = drafter.calls
-    speculator.propose([request])  # the control step: no drafter call, no draft, nothing promised
-    assert drafter.calls == calls and speculator.promise is None
-    assert speculator.num_control_steps == 1 and speculator.num_skipped_steps == 0
-    costs = speculator.step_costs
-    before, shape = costs.seconds_at(1), costs.shape_at(1)
-    # plain steps really take 6 ms where the table says 10: a control step's measurement moves its
-    # count's shape CONTROL_WEIGHT of the way at once (an ordinary one: WEIGHT; the speed as ever)
-    speculator.observe_step(1, 0.006, decoded=(1, 1))
-    assert costs.shape_at(1) == pytest.approx(shape + speculator.CONTROL_WEIGHT * (0.6 / costs.speed - shape))
-    assert costs.seconds_at(1) < 0.5 * (before + 0.006) + 1e-4
-    speculator.propose([request])  # the streak starts again
-    assert drafter.calls == calls + 1 and speculator.drafting_streak == 1
-
-
 def _confident_speculator(spec_tokens: int = 1):
     """A speculator over a memory-bound step (10 ms at any size) whose drafter says 0.9 at every
     position (pooled prior 0.8), without control steps."""
@@ -200,7 +177,7 @@ def _confident_speculator(spec_tokens: int = 1):
             return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens) for r in requests]
 
     speculator = Speculator(Confident(), spec_tokens=spec_tokens)
-    speculator.CONTROL_EVERY = 10**6
+    speculator.schedule.CONTROL_EVERY = 10**6
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
     return speculator
 

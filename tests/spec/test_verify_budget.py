@@ -54,27 +54,49 @@ def test_an_anchor_not_measured_for_a_while_follows_the_machines_speed():
 
 
 def test_calibrated_interpolation_matches_a_brute_force_reading_of_the_anchors():
-    """ratio_at: the speed times the measured anchors around log2(count), linearly on the log2
-    axis; the nearest one beyond them; 1 with none (read from ``ratios``/``weights`` directly here)."""
+    """ratio_at: the speed times the measured anchors (``ANCHOR_COUNTS``) around log2 of the
+    count's pad, linearly on the log2 axis; the nearest one beyond them; 1 with none (read from
+    ``ratios``/``weights`` directly here)."""
     import math
     import random
 
     rng = random.Random(5)
-    costs = CalibratedCosts(STEEP)
-    for _ in range(40):
-        costs.observe(rng.choice([1, 3, 8, 40, 300, 5000]), rng.uniform(0.001, 0.5))
+    padded = CostTable(STEEP.counts, STEEP.seconds, ((3, 4), (5, 8)))  # 3 runs as 4 rows, 5 as 8
+    costs = CalibratedCosts(padded)
+    xs = [math.log2(c) for c in costs.ANCHOR_COUNTS]
+    for _ in range(60):
+        costs.observe(rng.choice([1, 3, 5, 6, 7, 12, 40, 300, 5000]), rng.uniform(0.001, 0.5))
         seen = [i for i, w in enumerate(costs.weights) if w > 0]
-        for count in (1, 2, 3, 5, 8, 13, 40, 100, 300, 1000, 5000, 10**6):
-            x = min(math.log2(count), costs.MAX_LOG2)
-            below, above = [i for i in seen if i <= x], [i for i in seen if i >= x]
+        assert not {2, 4} & set(seen)  # counts 3 and 5 measure the anchors of 4 and 8
+        for count in (1, 2, 3, 4, 5, 6, 7, 8, 13, 40, 100, 300, 1000, 5000, 10**6):
+            x = min(math.log2(padded.padded(count)), xs[-1])
+            below, above = [i for i in seen if xs[i] <= x], [i for i in seen if xs[i] >= x]
             if not below or not above:
                 want = costs.ratios[(below or above)[-1 if below else 0]]
             elif below[-1] == above[0]:
                 want = costs.ratios[below[-1]]
             else:
                 lo, hi = below[-1], above[0]
-                want = costs.ratios[lo] + (costs.ratios[hi] - costs.ratios[lo]) * (x - lo) / (hi - lo)
+                want = costs.ratios[lo] + (costs.ratios[hi] - costs.ratios[lo]) * (x - xs[lo]) / (xs[hi] - xs[lo])
             assert costs.ratio_at(count) == pytest.approx(costs.speed * want)
+
+
+def test_a_count_between_powers_of_two_is_priced_by_its_own_measurements():
+    """Measured on this CPU: a 3-token step 37.1 ms, 2 tokens 30.2, 4 tokens 35.7 (the GEMM plan's
+    3-row kernel is slower than its 4-row one). The profile's table cannot say so (a smaller step
+    is never profiled dearer than a larger one); the calibration must learn it, or the budget
+    prices 3 between 2 and 4 and verifies 2-token drafts where 1-token ones pay more."""
+    table = CostTable((1, 2, 3, 4), (0.030, 0.030, 0.035, 0.035), ((1, 2),))
+    costs = CalibratedCosts(table)
+    for _ in range(30):
+        for count, seconds in ((2, 0.0302), (3, 0.0371), (4, 0.0357)):
+            costs.observe(count, seconds)
+    assert costs.seconds_at(3) == pytest.approx(0.0371, rel=0.02)
+    assert costs.seconds_at(3) > costs.seconds_at(4) > costs.seconds_at(2)
+    assert costs.seconds_at(1) == costs.seconds_at(2)  # 1 token runs as 2 rows: measured by 2-token steps
+    # DFlash at c=1: the first position survives 0.5, the second 0.23 given the first; an
+    # attention of 1 ms per query token. One draft token pays; a second does not at 3's price
+    assert choose_draft_lengths([[0.5, 0.23, 0.2]], 1, 1, costs, attend_s_per_position=[0.001]) == [1]
 
 
 def test_expected_committed_is_one_plus_survival_products():
@@ -208,7 +230,7 @@ def test_the_drafter_does_not_run_when_no_draft_can_pay_for_it(loaded_model):
         if not drafts:
             # every step of the costly run that could draft: 24 tokens, the first from the
             # prefill, the last with no room for a draft (and its bonus token) left
-            assert speculator.num_skipped_steps == 22
+            assert speculator.schedule.num_skipped_steps == 22
 
 
 def test_requests_start_from_the_drafters_pooled_profile(loaded_model):
@@ -283,7 +305,7 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     speculator.draft_costs.observe(1, 1.0)
     calls.clear()
     speculator.propose([request])
-    assert calls == [] and speculator.num_skipped_steps == 1
+    assert calls == [] and speculator.schedule.num_skipped_steps == 1
     speed = 2.0**CalibratedCosts.SPEED_WEIGHT  # 2x: the speed's share and the shape's (2 / speed)
     relax = speculator.COST_RELAX
     # the shape relaxes; the speed is the machine's, shared with the step table that keeps measuring it

@@ -12,7 +12,9 @@ whether drafting can pay for the drafter's own forward at all: with each request
 survival, the profiled step costs and the profiled drafter cost, the requests for which
 no draft would pay are left out, and when none is left the drafter does not run (those requests'
 evidence ages towards the pooled profile, the profile's towards the drafter's prior and the
-drafter's measured cost towards its profile, so they probe again later). The gate holds itself to its prices: every
+drafter's measured cost towards its profile, so they probe again later; while it keeps
+skipping it asks only every few steps, and control steps measure the base it compares against:
+``spec/gate_schedule.py``). The gate holds itself to its prices: every
 drafting step reports the seconds it took (proposal and target pass) against what the gate
 priced it at, and a shortfall raises the gain a draft must promise (``RealizedGain``). A request that drafts is asked for its predicted length only, + ``LENGTH_HEADROOM``
 tokens for a drafter with confidences (they may show a longer draft is worth it): a block
@@ -51,6 +53,7 @@ from services.decoder.spec.drafter import (
     DraftRequest,
     make_drafter,
 )
+from services.decoder.spec.gate_schedule import GateSchedule
 from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import (
     BudgetProfile,
@@ -97,14 +100,6 @@ class Speculator:
     # of the drafter's cost correction and of the pooled profile's counts undone per skipped step
     # (``CalibratedCosts.relax``, ``DepthSurvival.relax``)
     COST_RELAX = 0.02
-    # a control step every this many drafting steps in a row: no draft, so the gate's base (the
-    # same step without drafts) is measured, not only inferred from the table. Without it the
-    # table's speed, moved by the drafting steps' own measurements, priced the plain 4-token
-    # step at 44.2 ms while drafting where plain steps took 40.7 (c=4, DSpark): every draft
-    # looked ~8% better than it was and the drafter ran where it lost (0.91x of no speculation)
-    CONTROL_EVERY = 16
-    CONTROL_WEIGHT = 0.5  # of a control step's measurement in its count's shape
-
     def __init__(self, drafter: Drafter, spec_tokens: int,
                  query_key_rows: Callable[[Request], tuple[str, int]] | None = None):
         """``query_key_rows``: what one query token of a request attends next step (path, key
@@ -118,7 +113,7 @@ class Speculator:
         self.step_costs: CalibratedCosts | None = None
         self.draft_costs: CalibratedCosts | None = None
         self.num_drafter_calls = 0
-        self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
+        self.schedule = GateSchedule()  # when the gate asks, and the control steps that measure its base
         self.calibration = ConfidenceCalibration()  # the drafter's confidences vs measured survival
         self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
         self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
@@ -126,9 +121,7 @@ class Speculator:
         # (requests, the gate's plan, the drafted tokens it expected unscaled) of a step whose drafter ran
         self._promise: tuple[int, DraftPlan, float] | None = None
         self._propose_s = 0.0  # the coming step's proposal (deferred context work, drafter call, budget)
-        self.drafting_streak = 0  # drafting steps in a row since the last step without drafts
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
-        self.num_control_steps = 0
 
     @property
     def profile(self) -> BudgetProfile | None:
@@ -163,6 +156,8 @@ class Speculator:
             return
         promise, self._promise = self._promise, None
         control, self._control = self._control, None
+        if promise is not None:
+            self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
             _, plan, unscaled = promise
             self.realized.observe(plan.seconds, seconds + self._propose_s)
@@ -171,7 +166,7 @@ class Speculator:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
         is_control = control is not None and decoded is not None and decoded[0] == control
-        self.step_costs.observe(num_tokens, seconds, self.CONTROL_WEIGHT if is_control else None)
+        self.step_costs.observe(num_tokens, seconds, self.schedule.CONTROL_WEIGHT if is_control else None)
 
     def attend_s_per_position(self, request: Request) -> float:
         """The attention of one more query token of ``request`` next step (0 when the table holds it)."""
@@ -237,16 +232,19 @@ class Speculator:
             if request.num_pending_tokens == 1 and room > 0:
                 drafting.append(request)
                 max_tokens.append(min(self.spec_tokens, room))
-        if (self.profile is not None and drafting and self.drafting_streak >= self.CONTROL_EVERY
-                and all(r.num_pending_tokens == 1 for r in running)):
+        if (self.profile is not None and drafting and all(r.num_pending_tokens == 1 for r in running)
+                and self.schedule.control_due(self.step_costs.table.padded(len(running)))):
             self._control = len(running)  # this step measures the base the gate compares against
-            self.num_control_steps += 1
             drafting = []
         if self.profile is not None and drafting:
-            drafting, max_tokens, promise, unscaled = self._worth_the_drafter(running, drafting, max_tokens)
+            if self.schedule.rests(len(drafting)):
+                self._skip(drafting)
+                drafting = []
+            else:
+                drafting, max_tokens, promise, unscaled = self._worth_the_drafter(running, drafting, max_tokens)
             if drafting:
                 self._promise = (len(running), promise, unscaled)
-        self.drafting_streak = self.drafting_streak + 1 if drafting else 0
+        self.schedule.proposed(bool(drafting))
         if not drafting:
             return
         # token lists only for the requests that draft (a copy of the whole sequence each)
@@ -297,19 +295,27 @@ class Speculator:
                           draft_s, self.realized.required_gain(self.MIN_GAIN),
                           self.profile.draft_s_per_position(len(drafting)))
         predicted = plan.lengths
-        for request, length in zip(drafting, predicted):
-            if length == 0:
-                self._idle(request)
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
-            self.num_skipped_steps += 1
-            self.draft_costs.relax(self.COST_RELAX)
-            self.realized.relax(self.COST_RELAX)
-            self.depth.relax(self.COST_RELAX)
+            self._skip(drafting)
+        else:
+            for request, length in zip(drafting, predicted):
+                if length == 0:
+                    self._idle(request)
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         unscaled = sum(expected_committed(self._gate_survival(drafting[i], predicted[i], scaled=False)) - 1
                        for i in keep)
         return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan, unscaled
+
+    def _skip(self, candidates: list[Request]) -> None:
+        """A step where no draft could pay for the drafter: the candidates' evidence ages, and
+        the drafter's cost correction, the realized shortfall and the pooled profile relax."""
+        for request in candidates:
+            self._idle(request)
+        self.schedule.skipped()
+        self.draft_costs.relax(self.COST_RELAX)
+        self.realized.relax(self.COST_RELAX)
+        self.depth.relax(self.COST_RELAX)
 
     def _gate_survival(self, request: Request, num_positions: int, scaled: bool = True) -> list[float]:
         """The per-position survival the gate predicts a request's draft at. A drafter with

@@ -94,10 +94,12 @@ class CalibratedCosts:
     """A profiled ``CostTable`` corrected by what the engine measures while it serves: the
     machine's current ``speed`` (every measurement, whatever its count; a ``MachineSpeed`` that
     other tables may share) times a *shape*
-    correction per count, a moving average of measured / (speed x profiled) seconds at anchor
-    counts 1, 2, 4, ... (a measurement updates the two anchors around its count, weighted by
+    correction per count, a moving average of measured / (speed x profiled) seconds at the
+    ``ANCHOR_COUNTS`` (a measurement updates the two anchors around its count, weighted by
     distance on the log2 axis). Between anchors that have measurements the shape is
-    interpolated; beyond them the nearest one holds; with none it is 1. The start-up profile
+    interpolated; beyond them the nearest one holds; with none it is 1. A count is read and
+    measured as the count its GEMMs run padded to (``CostTable.padded``): a 1-token step that
+    runs as 2 rows is priced by what 2-token steps measure. The start-up profile
     times one request on an idle engine; serving steps carry many requests (per-request
     attention, sampling, verification) on a machine that may be busy, and the budget must price
     what a verified token really costs there.
@@ -111,7 +113,11 @@ class CalibratedCosts:
     it paid. The speed moves every anchor at once (``SPEED_WEIGHT``, fast); the shape learns what
     differs between counts (``WEIGHT``, slow)."""
 
-    MAX_LOG2 = 12  # anchors 1 .. 4096
+    # every count up to 8 (the verify steps of low concurrency, between which the GEMM plan
+    # switches kernels: a 3-token step took 37.1 ms where a 4-token one took 35.7 and a 2-token
+    # one 30.2, and anchors at powers of 2 priced 3 between 2 and 4, below what it costs, so the
+    # budget kept verifying 2-token drafts at c=1 that lost to 1-token ones), then powers of 2
+    ANCHOR_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     # of the newest measurement at its anchor's shape (after the first, which sets it): a tenth of
     # the speed's, so a lasting change measured at one count moves the speed ~90% of the way and
     # that anchor's shape the rest (the two cannot be told apart from one count)
@@ -129,26 +135,29 @@ class CalibratedCosts:
         self.table = table
         self.shared_speed = speed is not None
         self._speed = speed or MachineSpeed()
-        self.ratios = [1.0] * (self.MAX_LOG2 + 1)  # the shape at each anchor
-        self.weights = [0.0] * (self.MAX_LOG2 + 1)  # measurement weight each anchor has seen
+        self._x = [math.log2(c) for c in self.ANCHOR_COUNTS]  # the anchors on the log2 axis
+        self.ratios = [1.0] * len(self._x)  # the shape at each anchor
+        self.weights = [0.0] * len(self._x)  # measurement weight each anchor has seen
         self._seen: list[int] = []  # anchors with a measurement, ascending (the budget reads often)
+        self._seen_x: list[float] = []  # their log2 counts
 
     def _log2(self, count: int) -> float:
-        return min(max(math.log2(max(count, 1)), 0.0), float(self.MAX_LOG2))
+        """The log2 of the count ``count`` runs as (its pad), within the anchors."""
+        return min(max(math.log2(max(self.table.padded(count), 1)), 0.0), self._x[-1])
 
     def shape_at(self, count: int) -> float:
         x = self._log2(count)
         seen = self._seen
         if not seen:
             return 1.0
-        i = bisect.bisect_right(seen, x)  # seen[i - 1] <= x < seen[i]
+        i = bisect.bisect_right(self._seen_x, x)  # seen x[i - 1] <= x < seen x[i]
         if i == 0:
             return self.ratios[seen[0]]
         lo = seen[i - 1]
-        if lo == x or i == len(seen):
+        if self._x[lo] == x or i == len(seen):
             return self.ratios[lo]
         hi = seen[i]
-        frac = (x - lo) / (hi - lo)
+        frac = (x - self._x[lo]) / (self._x[hi] - self._x[lo])
         return self.ratios[lo] * (1 - frac) + self.ratios[hi] * frac
 
     @property
@@ -174,15 +183,18 @@ class CalibratedCosts:
         self._speed.value *= (observed / current) ** self.SPEED_WEIGHT
         shape = observed / self.speed
         x = self._log2(count)
-        lo = min(int(x), self.MAX_LOG2 - 1)
-        for index, share in ((lo, 1 - (x - lo)), (lo + 1, x - lo)):
+        lo = min(bisect.bisect_right(self._x, x) - 1, len(self._x) - 2)
+        frac = (x - self._x[lo]) / (self._x[lo + 1] - self._x[lo])
+        for index, share in ((lo, 1 - frac), (lo + 1, frac)):
             if share <= 0:
                 continue
             # the first measurement at an anchor replaces the neutral 1; later ones average in
             w = share if self.weights[index] == 0 else (shape_weight or self.WEIGHT) * share
             self.ratios[index] += w * (shape - self.ratios[index])
             if self.weights[index] == 0:
-                bisect.insort(self._seen, index)
+                at = bisect.bisect_left(self._seen, index)
+                self._seen.insert(at, index)
+                self._seen_x.insert(at, self._x[index])
             self.weights[index] += share
 
     def relax(self, rate: float) -> None:

@@ -1,0 +1,80 @@
+"""When the adaptive budget's gate asks and what it measures: control steps (no drafts) that
+measure the base it compares drafting against, and the rest it takes while no draft pays."""
+
+import pytest
+
+from services.decoder.spec.verify_budget import BudgetProfile, CostTable
+from tests.spec.test_realized_gain import _one_request_speculator
+from tests.spec.test_verify_budget_costs import _decoding_request
+
+
+def test_every_so_many_drafting_steps_a_control_step_measures_the_base_the_gate_compares_with():
+    speculator, request, drafter = _one_request_speculator()
+    speculator.schedule.CONTROL_EVERY = 4
+    speculator.observe_step(1, 0.010)  # a plain step before: the 1-token price has a measurement
+    for _ in range(4):
+        speculator.propose([request])
+        assert speculator.promise is not None
+        speculator.observe_step(2, 0.010, decoded=(1, 2))  # the draft survives: the survival scale stays 1
+    calls = drafter.calls
+    speculator.propose([request])  # the control step: no drafter call, no draft, nothing promised
+    assert drafter.calls == calls and speculator.promise is None
+    assert speculator.schedule.num_control_steps == 1 and speculator.schedule.num_skipped_steps == 0
+    costs = speculator.step_costs
+    before, shape = costs.seconds_at(1), costs.shape_at(1)
+    # plain steps really take 6 ms where the table says 10: a control step's measurement moves its
+    # count's shape CONTROL_WEIGHT of the way at once (an ordinary one: WEIGHT; the speed as ever)
+    speculator.observe_step(1, 0.006, decoded=(1, 1))
+    assert costs.shape_at(1) == pytest.approx(shape + speculator.schedule.CONTROL_WEIGHT * (0.6 / costs.speed - shape))
+    assert costs.seconds_at(1) < 0.5 * (before + 0.006) + 1e-4
+    speculator.propose([request])  # the streak starts again
+    assert drafter.calls == calls + 1 and speculator.schedule.drafting_streak == 1
+
+
+
+def test_no_control_step_where_the_streak_measured_the_base_at_its_padded_size():
+    """At c=1 a 1-token step runs as 2 rows (the table's pad): one-token drafts (2-token steps)
+    measure the base's price, so the streak needs no control step; once a drafting step of the
+    streak runs at another size only, the base is measured by a control step again."""
+    speculator, request, drafter = _one_request_speculator()
+    speculator.profile = BudgetProfile(CostTable((1, 2, 64), (0.010, 0.010, 0.010), ((1, 2),)),
+                                       CostTable((1, 16), (0.0, 0.0)))
+    speculator.schedule.CONTROL_EVERY = 4
+    for _ in range(12):
+        speculator.propose([request])
+        assert speculator.promise is not None  # drafting on: no control step
+        speculator.observe_step(2, 0.010, decoded=(1, 2))
+    assert speculator.schedule.num_control_steps == 0 and speculator.schedule.drafting_streak == 12
+    unpadded, _, _ = _one_request_speculator()  # the same steps, 1 token not padded to 2
+    unpadded.schedule.CONTROL_EVERY = 4
+    for _ in range(5):
+        unpadded.propose([request])
+        unpadded.observe_step(2, 0.010, decoded=(1, 2))
+    assert unpadded.schedule.num_control_steps == 1
+
+
+def test_after_a_run_of_skipped_steps_the_gate_asks_every_few_steps_and_at_once_when_the_batch_changes():
+    """A drafter whose drafts never pay (400 failed ones): the gate skips every step. After
+    REST_AFTER skipped steps it prices a plan every REST_EVERY steps only; the steps
+    between are skipped steps all the same (the estimates relax, the requests' evidence ages).
+    A second request arriving makes it ask at once."""
+    speculator, request, drafter = _one_request_speculator()
+    for _ in range(400):
+        speculator.depth.observe(1, 0)
+    plans = []
+    worth = speculator._worth_the_drafter
+    speculator._worth_the_drafter = lambda *args: plans.append(1) or worth(*args)
+    steps = speculator.schedule.REST_AFTER + 3 * speculator.schedule.REST_EVERY + 1  # asks at the last
+    for _ in range(steps):
+        speculator.propose([request])
+        assert speculator.promise is None and speculator.plan is None
+    assert drafter.calls == 0 and speculator.schedule.num_skipped_steps == steps
+    assert len(plans) == speculator.schedule.REST_AFTER + 4
+    trials = speculator.depth.trials[0]
+    speculator.propose([request])  # a resting step: skipped all the same
+    assert len(plans) == speculator.schedule.REST_AFTER + 4 and speculator.schedule.num_skipped_steps == steps + 1
+    assert speculator.depth.trials[0] == pytest.approx(trials * (1 - speculator.COST_RELAX))
+    other = _decoding_request()
+    other.request_id = "r2"
+    speculator.propose([request, other])  # two candidates where the gate last saw one: it asks
+    assert len(plans) == speculator.schedule.REST_AFTER + 5
