@@ -149,3 +149,58 @@ def test_a_request_scale_is_observed_over_expected_survivals_shrunk_towards_one(
     assert before < unlucky.scale < 1.0  # ages back towards the profile
     with pytest.raises(ValueError, match=">= 0"):
         RequestSurvival(-1.0, 0.0)
+
+
+def test_positions_cut_before_verification_count_at_their_predicted_survival():
+    """Drafts of 3 positions whose calibrated confidences are the truth (each drawn uniformly,
+    independent: every depth survives half the time given the one before), cut where a
+    confidence drops below 0.5, as a budget does. Counting the verified positions alone reads
+    every depth near 0.75 (only sure positions reach verification); with the cut positions
+    imputed at their confidences the profile reads the truth."""
+    import random
+
+    rng = random.Random(3)
+    plain, imputed = DepthSurvival(0.5, 3), DepthSurvival(0.5, 3)
+    plain.MAX_TRIALS = imputed.MAX_TRIALS = 1e9  # a plain mean over the whole run
+    for _ in range(20000):
+        confidences = [rng.random() for _ in range(3)]
+        kept = next((i for i, c in enumerate(confidences) if c < 0.5), 3)
+        accepted = next((i for i in range(kept) if rng.random() >= confidences[i]), kept)
+        for depth in (plain, imputed):
+            if kept:
+                depth.observe(kept, accepted)
+        if kept == 0:
+            imputed.impute(0, confidences)
+        elif accepted == kept:
+            imputed.impute(kept, confidences[kept:])
+    assert plain.rates(3) == pytest.approx([0.75] * 3, abs=0.02)
+    assert imputed.rates(3) == pytest.approx([0.5] * 3, abs=0.02)
+    assert imputed.trials[0] == pytest.approx(20000)
+
+
+def test_the_speculator_imputes_what_the_confidences_cut_once_the_kept_draft_survived():
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    class Sure(Drafter):  # sure of its first position, not of the second
+        name = "sure"
+        prior_acceptance = 0.5
+        has_confidences = True
+
+        def propose_batch(self, requests):
+            return [Draft([7] * r.max_tokens, [0.95, 0.05, 0.05][: r.max_tokens]) for r in requests]
+
+    request = _decoding_request()
+    speculator = Speculator(Sure(), spec_tokens=3)
+    speculator.schedule.CONTROL_EVERY = 10**6
+    # 2 ms per verified token on a 10 ms step: the first position pays, the second (0.05) does not
+    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010 + 63 * 0.002)), CostTable((1, 16), (0.0, 0.0)))
+    for accepted, imputed in ((1, 1.0), (0, 0.0)):
+        trials = speculator.depth.trials[1]
+        speculator.propose([request])
+        assert request.draft_ids == [7]  # asked for 2 (predicted 1 + headroom), cut to 1
+        speculator.record(request, 1, accepted)
+        # survived: the cut second position counts as one trial at its survival (~0.05); rejected:
+        # it would never have been tried
+        assert speculator.depth.trials[1] == pytest.approx(trials + imputed)
+    assert speculator.depth.survived[1] == pytest.approx(speculator.calibration([0.05])[0])

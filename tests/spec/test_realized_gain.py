@@ -1,8 +1,6 @@
 """The adaptive budget's check of its own prices: drafting steps that take longer than the gate
 priced them at raise the gain a draft must promise; skipped steps relax it."""
 
-import math
-
 import pytest
 
 from services.decoder.spec.realized_gain import RealizedGain
@@ -16,17 +14,22 @@ def test_the_factor_is_promised_over_taken_seconds_from_moving_averages():
     gain.observe(0.050, 0.080)  # priced at 50 ms, took 80
     assert gain.factor == pytest.approx(0.625)
     assert gain.required_gain(0.02) == pytest.approx(1.02 / 0.625 - 1)
-    # a step that keeps its price averages in at WEIGHT: 50 / (0.9 * 80 + 0.1 * 50) ms
+    # the first steps make a plain mean: 50 / ((80 + 50) / 2) ms
     gain.observe(0.050, 0.050)
-    assert gain.factor == pytest.approx(0.050 / (0.9 * 0.080 + 0.1 * 0.050))
+    assert gain.factor == pytest.approx(0.050 / 0.065)
     assert gain.num_steps == 2
+    for _ in range(8):  # 10 steps: the mean's weight has come down to WEIGHT
+        gain.observe(0.050, 0.050)
+    assert gain.seconds == pytest.approx(0.053)
+    gain.observe(0.050, 0.080)  # from now on each step averages in at WEIGHT
+    assert gain.seconds == pytest.approx(0.9 * 0.053 + 0.1 * 0.080)
 
 
 def test_a_step_faster_than_its_price_offsets_a_shortfall_but_never_lowers_the_bar():
     gain = RealizedGain()
     gain.observe(0.010, 0.005)  # twice as fast as priced
     assert gain.factor == 1.0 and gain.required_gain(0.02) == pytest.approx(0.02)
-    gain.observe(0.010, 0.015)  # the averages still show 0.9 * 5 + 0.1 * 15 = 6 ms of 10
+    gain.observe(0.010, 0.015)  # the averages show (5 + 15) / 2 = 10 ms of 10
     assert gain.factor == 1.0
     for _ in range(30):
         gain.observe(0.010, 0.020)  # twice the price, for a while: the shortfall shows
@@ -100,9 +103,14 @@ def test_a_gate_whose_steps_overrun_their_price_stops_drafting_and_probes_again_
         assert speculator.promise is not None
         speculator.observe_step(2, step_s, decoded=(1, 2))
         steps += 1
-    # the seconds average rises from 10 ms towards 15 by 10% of the gap per step: 15 - 5 * 0.9^n,
-    # above 10 * threshold ms after n steps
-    assert steps == math.ceil(math.log((15 - 10 * threshold) / 5) / math.log(0.9))
+    # the seconds average rises from 10 ms towards 15, the n-th drafting step weighing
+    # max(1 / n, WEIGHT) of the gap, until it passes 10 * threshold ms
+    taken_ms, n, want = 10.0, 5, 0
+    while 10.0 / taken_ms * threshold >= 1.0:
+        n += 1
+        taken_ms += max(1 / n, RealizedGain.WEIGHT) * (15.0 - taken_ms)
+        want += 1
+    assert steps == want and want > 2
     calls = drafter.calls
     speculator.propose([request])
     assert drafter.calls == calls and speculator.promise is None and speculator.schedule.num_skipped_steps == 1
@@ -132,13 +140,18 @@ def test_the_survival_scale_is_committed_over_expected_drafted_tokens_from_long_
     assert gain.survival_scale == 1.0
     gain.observe_tokens(2.0, 1)  # the gate expected 2 drafted tokens to commit, the step committed 1
     assert gain.survival_scale == pytest.approx(0.5)
-    gain.observe_tokens(1.0, 4)  # averages in at TOKENS_WEIGHT
-    assert gain.survival_scale == pytest.approx(((1 - w) * 1 + w * 4) / ((1 - w) * 2 + w * 1))
+    gain.observe_tokens(4.0, 1)  # the first steps make a plain mean: 2 of 6
+    assert gain.survival_scale == pytest.approx(2 / 6)
     gain.observe_tokens(0.01, 0)  # the gate expected next to nothing: no evidence either way
     assert gain.num_token_steps == 2
     before = gain.survival_scale
     gain.relax(0.5)  # skipping steps relaxes the seconds, not this bias
     assert gain.survival_scale == before
+    for _ in range(round(1 / w) - 2):  # the mean of 1 / TOKENS_WEIGHT steps: 1 of 3 each
+        gain.observe_tokens(3.0, 1)
+    assert gain.survival_scale == pytest.approx(1 / 3)
+    gain.observe_tokens(1.0, 4)  # from now on each step averages in at TOKENS_WEIGHT
+    assert gain.survival_scale == pytest.approx(((1 - w) * 1 + w * 4) / ((1 - w) * 3 + w * 1))
     for _ in range(500):
         gain.observe_tokens(1.0, 3)  # committing more than expected never raises it past 1
     assert gain.survival_scale == 1.0

@@ -116,6 +116,7 @@ class Speculator:
         self.schedule = GateSchedule()  # when the gate asks, and the control steps that measure its base
         self.calibration = ConfidenceCalibration()  # the drafter's confidences vs measured survival
         self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
+        self._cut: dict[str, list[float]] = {}  # request -> calibrated survival of its pending draft's cut positions
         self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
         self.realized = RealizedGain()  # what drafting steps delivered of the gate's promises
         # (requests, the gate's plan, the drafted tokens it expected unscaled) of a step whose drafter ran
@@ -202,6 +203,9 @@ class Speculator:
         expected = self.depth.expected(num_drafted, num_accepted)
         self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else self._scale(request))
         self.survival(request).update(num_accepted, expected)
+        cut = self._cut.pop(request.request_id, None)
+        if cut and num_accepted == num_drafted:
+            self.depth.impute(num_drafted, cut)
         confidences = self._confidences.pop(request.request_id, None)
         if confidences:
             self.calibration.observe(confidences[:num_drafted], num_accepted)
@@ -263,15 +267,23 @@ class Speculator:
             self.draft_costs.observe(len(asks), draft_s - extra_s)
         self.num_drafter_calls += 1
         if self.profile is not None:
-            plan = self._plan(running, drafting, [self.calibration(d.confidences) if d.confidences
-                                                  else self._gate_survival(r, len(d.tokens))
-                                                  for r, d in zip(drafting, drafts)])
+            survivals = [self.calibration(d.confidences) if d.confidences else self._gate_survival(r, len(d.tokens))
+                         for r, d in zip(drafting, drafts)]
+            plan = self._plan(running, drafting, survivals)
             lengths = plan.lengths
             if any(lengths):
                 self.plan = plan
-            for request, draft, length in zip(drafting, drafts, lengths):
+            for request, draft, length, survival in zip(drafting, drafts, lengths, survivals):
                 if draft.tokens and length == 0:
                     self._idle(request)
+                if draft.confidences and length < len(draft.tokens):
+                    # the positions cut by their confidences count in the pooled profile at them
+                    # (``DepthSurvival.impute``): now for a draft cut whole, after verification
+                    # (if all it verified survived) for a draft cut short
+                    if length == 0:
+                        self.depth.impute(0, survival)
+                    else:
+                        self._cut[request.request_id] = survival[length:]
                 draft.tokens = draft.tokens[:length]
         for request, draft in zip(drafting, drafts):
             request.draft_ids = draft.tokens
@@ -375,4 +387,5 @@ class Speculator:
 
     def release(self, request: Request) -> None:
         self._confidences.pop(request.request_id, None)
+        self._cut.pop(request.request_id, None)
         self.drafter.release(request.request_id)

@@ -48,12 +48,30 @@ class DepthSurvival:
         if scale <= 0:
             raise ValueError(f"scale must be positive, not {scale}")
         for depth in range(min(num_accepted + 1, num_drafted, len(self.trials))):
-            self.trials[depth] += scale
-            self.survived[depth] += 1.0 if depth < num_accepted else 0.0
-            if self.trials[depth] > self.MAX_TRIALS:
-                keep = self.MAX_TRIALS / self.trials[depth]
-                self.trials[depth] *= keep
-                self.survived[depth] *= keep
+            self._count(depth, scale, 1.0 if depth < num_accepted else 0.0)
+
+    def impute(self, start_depth: int, rates: list[float]) -> None:
+        """Positions ``start_depth ..`` of a draft that the budget cut before verification, at
+        their predicted survival ``rates`` (a drafter's calibrated confidences): each counts as a
+        trial weighted by the chance that its prefix would have survived, surviving at its rate.
+        A drafter with confidences lets only its sure stretches reach verification, and counting
+        those alone read DSpark's second and third depths at 0.63-0.65 given the depth before
+        (c=1, chat): the gate, which predicts a draft before the confidences cut it, then
+        expected more than the steps committed, scaled every depth down for it (0.6-0.7, the
+        first one too, which fixed one-token drafts measure at 0.46) and skipped 20-40% of the
+        steps where one-token drafts paid 1.25x."""
+        alive = 1.0
+        for depth, rate in zip(range(start_depth, len(self.trials)), rates):
+            self._count(depth, alive, alive * rate)
+            alive *= rate
+
+    def _count(self, depth: int, trials: float, survived: float) -> None:
+        self.trials[depth] += trials
+        self.survived[depth] += survived
+        if self.trials[depth] > self.MAX_TRIALS:
+            keep = self.MAX_TRIALS / self.trials[depth]
+            self.trials[depth] *= keep
+            self.survived[depth] *= keep
 
     def expected(self, num_drafted: int, num_accepted: int) -> float:
         """The survivals the profile (unscaled) expects of a verified draft's tried positions
