@@ -118,6 +118,7 @@ class CalibratedCosts:
     # one 30.2, and anchors at powers of 2 priced 3 between 2 and 4, below what it costs, so the
     # budget kept verifying 2-token drafts at c=1 that lost to 1-token ones), then powers of 2
     ANCHOR_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+    _X = tuple(math.log2(c) for c in ANCHOR_COUNTS)  # the anchors on the log2 axis
     # of the newest measurement at its anchor's shape (after the first, which sets it): a tenth of
     # the speed's, so a lasting change measured at one count moves the speed ~90% of the way and
     # that anchor's shape the rest (the two cannot be told apart from one count)
@@ -135,15 +136,14 @@ class CalibratedCosts:
         self.table = table
         self.shared_speed = speed is not None
         self._speed = speed or MachineSpeed()
-        self._x = [math.log2(c) for c in self.ANCHOR_COUNTS]  # the anchors on the log2 axis
-        self.ratios = [1.0] * len(self._x)  # the shape at each anchor
-        self.weights = [0.0] * len(self._x)  # measurement weight each anchor has seen
+        self.ratios = [1.0] * len(self._X)  # the shape at each anchor
+        self.weights = [0.0] * len(self._X)  # measurement weight each anchor has seen
         self._seen: list[int] = []  # anchors with a measurement, ascending (the budget reads often)
         self._seen_x: list[float] = []  # their log2 counts
 
     def _log2(self, count: int) -> float:
         """The log2 of the count ``count`` runs as (its pad), within the anchors."""
-        return min(max(math.log2(max(self.table.padded(count), 1)), 0.0), self._x[-1])
+        return min(max(math.log2(max(self.table.padded(count), 1)), 0.0), self._X[-1])
 
     def shape_at(self, count: int) -> float:
         x = self._log2(count)
@@ -154,10 +154,10 @@ class CalibratedCosts:
         if i == 0:
             return self.ratios[seen[0]]
         lo = seen[i - 1]
-        if self._x[lo] == x or i == len(seen):
+        if self._X[lo] == x or i == len(seen):
             return self.ratios[lo]
         hi = seen[i]
-        frac = (x - self._x[lo]) / (self._x[hi] - self._x[lo])
+        frac = (x - self._X[lo]) / (self._X[hi] - self._X[lo])
         return self.ratios[lo] * (1 - frac) + self.ratios[hi] * frac
 
     @property
@@ -183,8 +183,8 @@ class CalibratedCosts:
         self._speed.value *= (observed / current) ** self.SPEED_WEIGHT
         shape = observed / self.speed
         x = self._log2(count)
-        lo = min(bisect.bisect_right(self._x, x) - 1, len(self._x) - 2)
-        frac = (x - self._x[lo]) / (self._x[lo + 1] - self._x[lo])
+        lo = min(bisect.bisect_right(self._X, x) - 1, len(self._X) - 2)
+        frac = (x - self._X[lo]) / (self._X[lo + 1] - self._X[lo])
         for index, share in ((lo, 1 - frac), (lo + 1, frac)):
             if share <= 0:
                 continue
@@ -194,7 +194,7 @@ class CalibratedCosts:
             if self.weights[index] == 0:
                 at = bisect.bisect_left(self._seen, index)
                 self._seen.insert(at, index)
-                self._seen_x.insert(at, self._x[index])
+                self._seen_x.insert(at, self._X[index])
             self.weights[index] += share
 
     def relax(self, rate: float) -> None:
