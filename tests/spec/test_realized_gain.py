@@ -134,30 +134,52 @@ def test_a_step_with_other_requests_or_a_prefill_chunk_is_not_held_to_the_promis
     assert speculator.realized.num_steps == 0 and speculator.realized.factor == 1.0
 
 
-def test_the_survival_scale_is_committed_over_expected_drafted_tokens_from_long_moving_averages():
+def _shrunk(committed: float, expected: float, steps: float) -> float:
+    """The survival scale of token sums: committed over expected, shrunk towards 1 by
+    PRIOR_STEPS steps of the mean expectation (written out here as the oracle)."""
+    prior = RealizedGain.PRIOR_STEPS * expected / steps
+    return (committed + prior) / (expected + prior)
+
+
+def test_the_survival_scale_is_committed_over_expected_drafted_tokens_shrunk_towards_one():
     gain = RealizedGain()
-    w = RealizedGain.TOKENS_WEIGHT
+    m = RealizedGain.TOKENS_MEMORY
     assert gain.survival_scale == 1.0
-    gain.observe_tokens(2.0, 1)  # the gate expected 2 drafted tokens to commit, the step committed 1
-    assert gain.survival_scale == pytest.approx(0.5)
-    gain.observe_tokens(4.0, 1)  # the first steps make a plain mean: 2 of 6
-    assert gain.survival_scale == pytest.approx(2 / 6)
+    gain.observe_tokens(2.0, 0)  # the gate expected 2 drafted tokens to commit, the step committed none
+    # one failed step is one step of evidence against PRIOR_STEPS steps that committed what was expected
+    assert gain.survival_scale == pytest.approx(RealizedGain.PRIOR_STEPS / (1 + RealizedGain.PRIOR_STEPS))
+    gain.observe_tokens(4.0, 1)
+    assert gain.survival_scale == pytest.approx(_shrunk(1, m * 2 + 4, m + 1))
     gain.observe_tokens(0.01, 0)  # the gate expected next to nothing: no evidence either way
-    assert gain.num_token_steps == 2
-    before = gain.survival_scale
-    gain.relax(0.5)  # skipping steps relaxes the seconds, not this bias
-    assert gain.survival_scale == before
-    for _ in range(round(1 / w) - 2):  # the mean of 1 / TOKENS_WEIGHT steps: 1 of 3 each
+    assert gain.token_steps == pytest.approx(m + 1)
+    for _ in range(400):  # 1 of 3 each: the sums fill to ~50 steps and the prior weighs 4 of 54
         gain.observe_tokens(3.0, 1)
-    assert gain.survival_scale == pytest.approx(1 / 3)
-    gain.observe_tokens(1.0, 4)  # from now on each step averages in at TOKENS_WEIGHT
-    assert gain.survival_scale == pytest.approx(((1 - w) * 1 + w * 4) / ((1 - w) * 3 + w * 1))
+    steps = (1 - m ** 402) / (1 - m)
+    assert gain.survival_scale == pytest.approx((steps + 4 * 3) / (3 * steps + 4 * 3), rel=1e-3)
+    assert 1 / 3 < gain.survival_scale < 0.4
     for _ in range(500):
         gain.observe_tokens(1.0, 3)  # committing more than expected never raises it past 1
     assert gain.survival_scale == 1.0
     for _ in range(1000):
         gain.observe_tokens(1.0, 0)
     assert gain.survival_scale == RealizedGain.MIN_SCALE
+
+
+def test_skipped_steps_age_the_survival_scales_evidence_so_it_returns_towards_one():
+    gain = RealizedGain()
+    for _ in range(100):
+        gain.observe_tokens(2.0, 0)  # a drafter that commits nothing: the scale at its floor
+    assert gain.survival_scale == RealizedGain.MIN_SCALE
+    sums = (gain.committed_tokens, gain.expected_tokens, gain.token_steps)
+    gain.relax(0.02)
+    assert (gain.committed_tokens, gain.expected_tokens, gain.token_steps) == pytest.approx(
+        tuple(0.98 * x for x in sums))
+    scales = [gain.survival_scale]
+    for _ in range(300):
+        gain.relax(0.02)
+        scales.append(gain.survival_scale)
+    assert scales == sorted(scales) and scales[-1] > 0.95
+    assert scales[-1] == pytest.approx(_shrunk(0.0, 2.0 * sums[2] * 0.98 ** 301, sums[2] * 0.98 ** 301))
 
 
 def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_what_its_steps_committed():
@@ -170,8 +192,9 @@ def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_wha
     expected = speculator.promise.expected_committed - 1
     assert expected > 0.5
     speculator.observe_step(4, 0.010, decoded=(1, 1))  # nothing drafted survived
-    assert speculator.realized.survival_scale == RealizedGain.MIN_SCALE
-    scaled = speculator.depth.rates(3, RealizedGain.MIN_SCALE)
+    one_failure = RealizedGain.PRIOR_STEPS / (1 + RealizedGain.PRIOR_STEPS)
+    assert speculator.realized.survival_scale == pytest.approx(one_failure)
+    scaled = speculator.depth.rates(3, one_failure)
     assert speculator._gate_survival(request, 3) == pytest.approx(scaled)
 
 
@@ -197,8 +220,9 @@ def _confident_speculator(spec_tokens: int = 1):
 
 def test_the_survival_scale_is_measured_against_the_unscaled_expectation_so_it_holds_once_it_corrects():
     """One-token drafts the pooled profile expects to survive at 0.8 commit every other time: the
-    scale settles at 0.5 / 0.8. Measured against the already-scaled expectation it would read
-    the corrected estimate as no bias and settle at the square root of that (0.79)."""
+    scale settles at 0.5 / 0.8, shrunk towards 1 by the prior's 4 steps of ~50. Measured against
+    the already-scaled expectation it would read the corrected estimate as no bias and settle at
+    the square root of that (0.79)."""
     speculator = _confident_speculator()
     request = _decoding_request()
     unscaled = speculator.depth.rates(1)[0]
@@ -206,9 +230,13 @@ def test_the_survival_scale_is_measured_against_the_unscaled_expectation_so_it_h
         speculator.propose([request])
         assert speculator.promise is not None  # 0.5 survival still pays in a memory-bound step
         speculator.observe_step(2, 0.010, decoded=(1, 1 + step % 2))
-    assert speculator.realized.survival_scale == pytest.approx(0.5 / unscaled, abs=0.02)
-    speculator.propose([request])  # the gate now expects what the steps commit
-    assert speculator.promise.expected_committed - 1 == pytest.approx(0.5, abs=0.02)
+    steps = speculator.realized.token_steps
+    assert steps == pytest.approx(50, abs=0.1)
+    settled = _shrunk(0.5 * steps, unscaled * steps, steps)
+    assert speculator.realized.survival_scale == pytest.approx(settled, abs=0.02)
+    speculator.propose([request])  # the gate now expects what the steps commit, shrunk alike
+    assert speculator.promise.expected_committed - 1 == pytest.approx(unscaled * settled, abs=0.02)
+    assert speculator.promise.expected_committed - 1 == pytest.approx(0.5, abs=0.03)
 
 
 def test_a_gate_without_confidences_scales_the_requests_survival_by_what_its_steps_committed():
@@ -218,7 +246,36 @@ def test_a_gate_without_confidences_scales_the_requests_survival_by_what_its_ste
     speculator.propose([request])
     assert speculator.promise.expected_committed == pytest.approx(1.5)
     speculator.observe_step(2, 0.010, decoded=(1, 1))  # the drafted token did not survive
-    assert speculator.realized.survival_scale == RealizedGain.MIN_SCALE
-    scaled = speculator.depth.rates(1, own * RealizedGain.MIN_SCALE)
+    one_failure = RealizedGain.PRIOR_STEPS / (1 + RealizedGain.PRIOR_STEPS)
+    assert speculator.realized.survival_scale == pytest.approx(one_failure)
+    scaled = speculator.depth.rates(1, own * one_failure)
     assert speculator._gate_survival(request, 1) == pytest.approx(scaled)
     assert speculator._gate_survival(request, 1, scaled=False) == pytest.approx(speculator.depth.rates(1, own))
+
+
+def test_a_first_draft_that_fails_keeps_the_drafter_off_for_a_while_not_for_the_engines_life(monkeypatch):
+    """A 2-token step costs 1.65x a 1-token one: a one-token draft pays from survival 0.683, a
+    scale of 0.854 on the drafter's prior (0.8). The prior drafts the first step, its draft fails,
+    the scale reads 0.8 (one step against the prior's 4), and the gate skips.
+    The clock stands still: the step's priced seconds are what it takes. The scale once fell to its floor on that one step and nothing moved it
+    again (code_edit, DFlash and DSpark never drafted after their first step); now the skipped
+    steps age the evidence and the drafter is probed again."""
+    import services.decoder.engine.speculation as speculation
+
+    monkeypatch.setattr(speculation.time, "perf_counter", lambda: 0.0)
+    speculator = _confident_speculator()
+    speculator.profile = BudgetProfile(CostTable((1, 2, 64), (0.010, 0.0165, 0.2)), CostTable((1, 16), (0.0, 0.0)))
+    request = _decoding_request()
+    speculator.propose([request])
+    assert speculator.promise is not None
+    speculator.observe_step(2, 0.0165, decoded=(1, 1))  # the draft failed
+    calls = speculator.num_drafter_calls
+    for _ in range(200):
+        speculator.propose([request])
+        if speculator.num_drafter_calls > calls:
+            break
+        speculator.observe_step(1, 0.010, decoded=(1, 1))
+    assert speculator.num_drafter_calls == calls + 1
+    # 4 / (0.98^n + 4) >= 0.854 after n = 19 skipped steps; resting after 8, the gate asks every 4th
+    assert speculator.realized.factor == 1.0
+    assert 19 <= speculator.schedule.num_skipped_steps < 19 + speculator.schedule.REST_EVERY

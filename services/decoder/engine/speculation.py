@@ -321,7 +321,8 @@ class Speculator:
 
     def _skip(self, candidates: list[Request]) -> None:
         """A step where no draft could pay for the drafter: the candidates' evidence ages, and
-        the drafter's cost correction, the realized shortfall and the pooled profile relax."""
+        the drafter's cost correction, the realized shortfall and survival scale, and the pooled
+        profile relax."""
         for request in candidates:
             self._idle(request)
         self.schedule.skipped()

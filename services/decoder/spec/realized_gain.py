@@ -32,12 +32,18 @@ to commit where the plans expected 1.32 and the steps committed 1.25, drafted on
 steps and delivered 0.89x of no speculation. Without confidences (DFlash, n-gram) the budget
 drafts longest for the requests whose own survival reads highest, so their noise is on its side
 (c=1, DFlash: the plans expected 257 drafted tokens to commit, 242 did). So the drafted tokens
-the gate expected and those the step committed feed two more moving averages, with a memory long
-enough (``TOKENS_WEIGHT``: ~50 drafting steps) that 1-or-4 noise averages out, and their ratio
-sets a ``survival_scale`` (at most 1) that the gate multiplies its survival by. The expectation
-is the one before the scale: against the scaled one, a scale that corrected a bias would read
-as no bias and drift back (half-way, in the log: the square root of the bias). It is a bias of
-the survival, not a slow spell, so skipped steps leave it be.
+the gate expected and those the step committed feed two decayed sums, with a memory long enough
+(``TOKENS_MEMORY``: ~50 drafting steps) that 1-or-4 noise averages out, and their ratio sets a
+``survival_scale`` (at most 1) that the gate multiplies its survival by. The expectation is the
+one before the scale: against the scaled one, a scale that corrected a bias would read as no
+bias and drift back (half-way, in the log: the square root of the bias).
+
+The ratio is shrunk towards 1 as if ``PRIOR_STEPS`` more steps had committed what the gate
+expected (the Gamma-Poisson estimate of a rate multiplier, as ``RequestSurvival``'s), and
+skipped steps age its evidence as they age the pooled profile's. Set outright by the first
+drafting step, the scale fell to its floor when that one draft failed (code_edit, DFlash and
+DSpark: survival 0.5 x 0.1), the gate skipped every step after it, and with nothing measured
+nothing moved it again: the drafter stayed off for the engine's life.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ class RealizedGain:
     WEIGHT = 0.1
     MAX_SLOWDOWN = 2.0  # one step counts as at most 2x its promised seconds (a preempted step, a page fault)
 
-    TOKENS_WEIGHT = 0.02  # of the newest drafting step in the token averages (~50 steps of memory)
+    TOKENS_MEMORY = 0.98  # per drafting step, of the token sums (~50 steps of memory)
+    PRIOR_STEPS = 4.0  # pseudo-steps that committed what the gate expected
     MIN_EXPECTED = 0.05  # drafted tokens the gate expects below which a step says nothing of the scale
     MIN_SCALE = 0.1
 
@@ -58,27 +65,29 @@ class RealizedGain:
         # one slow step among ten fast ones weighs by its seconds, not by its ratio)
         self.promised_s = self.seconds = 0.0
         self.num_steps = 0
-        # likewise of the drafted tokens the gate expected to commit / the step committed
-        self.expected_tokens = self.committed_tokens = 0.0
-        self.num_token_steps = 0
+        # decayed sums over drafting steps of the drafted tokens the gate expected to commit, of
+        # those the step committed, and of the steps themselves
+        self.expected_tokens = self.committed_tokens = self.token_steps = 0.0
 
     @property
     def survival_scale(self) -> float:
-        """Committed over expected drafted tokens of recent drafting steps, in
-        ``[MIN_SCALE, 1]``: what the gate's pooled survival is multiplied by."""
-        if self.num_token_steps == 0:
+        """Committed over expected drafted tokens of recent drafting steps, shrunk towards 1 by
+        ``PRIOR_STEPS`` steps of the mean expectation, in ``[MIN_SCALE, 1]``: what the gate's
+        pooled survival is multiplied by."""
+        if self.token_steps == 0:
             return 1.0
-        return min(max(self.committed_tokens / self.expected_tokens, self.MIN_SCALE), 1.0)
+        prior = self.PRIOR_STEPS * self.expected_tokens / self.token_steps
+        scale = (self.committed_tokens + prior) / (self.expected_tokens + prior)
+        return min(max(scale, self.MIN_SCALE), 1.0)
 
     def observe_tokens(self, expected: float, committed: int) -> None:
         """A drafting step's gate expected ``expected`` drafted tokens to commit (beyond one per
         request) at its survival before the scale; the step committed ``committed`` (likewise)."""
         if expected < self.MIN_EXPECTED or committed < 0:
             return
-        w = max(1.0 / (self.num_token_steps + 1), self.TOKENS_WEIGHT)  # see ``observe``
-        self.expected_tokens += w * (expected - self.expected_tokens)
-        self.committed_tokens += w * (committed - self.committed_tokens)
-        self.num_token_steps += 1
+        self.expected_tokens = self.TOKENS_MEMORY * self.expected_tokens + expected
+        self.committed_tokens = self.TOKENS_MEMORY * self.committed_tokens + committed
+        self.token_steps = self.TOKENS_MEMORY * self.token_steps + 1
 
     @property
     def factor(self) -> float:
@@ -107,7 +116,10 @@ class RealizedGain:
         self.num_steps += 1
 
     def relax(self, rate: float) -> None:
-        """Moves the seconds taken ``rate`` of the way to those promised (a step the gate
-        skipped): the shortfall fades. The survival scale stays: it corrects a bias of the
-        pooled survival, not a slow spell, and the gate probes again as the seconds relax."""
+        """A step the gate skipped: the seconds taken move ``rate`` of the way to those promised
+        (the shortfall fades), and the token sums age by ``rate`` (the prior weighs more), so a
+        gate that a shortfall or a low scale keeps off probes the drafter again."""
         self.seconds += rate * (self.promised_s - self.seconds)
+        self.expected_tokens *= 1 - rate
+        self.committed_tokens *= 1 - rate
+        self.token_steps *= 1 - rate
