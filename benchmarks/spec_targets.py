@@ -50,29 +50,44 @@ def paired_ratios(figures: dict, base: dict) -> list[float]:
     return [a / b for a, b in zip(runs, base_runs)]
 
 
+def _group(row: dict) -> tuple:
+    """The attention, kind and concurrency a row's setting ran at (what its speedups compare within)."""
+    return row.get("attention", "dense"), row["kind"], row["concurrency"]
+
+
 def versus_best_fixed(row: dict, rows: list[dict]) -> tuple[dict, float] | None:
     """The fixed-length row of ``row``'s drafter, attention, kind and concurrency with the best
     speedup, and ``row``'s speedup over it (paired when both are, see ``speedup``); None when
     ``rows`` has no such fixed row."""
-    def key(r: dict) -> tuple:
-        return r["spec"], r.get("attention", "dense"), r["kind"], r["concurrency"]
-
-    fixed = [f for f in rows if key(f) == key(row) and f.get("verify_budget", "fixed") == "fixed"]
+    fixed = [f for f in rows if f["spec"] == row["spec"] and _group(f) == _group(row)
+             and f.get("verify_budget", "fixed") == "fixed"]
     if not fixed:
         return None
     best = max(fixed, key=lambda f: f["speedup_vs_none"])
     return best, speedup(row, best, row.get("paired", False) and best.get("paired", False))
 
 
+def aa_band(row: dict, rows: list[dict]) -> float:
+    """How far from 1 an A/A control of ``row``'s group reads: a second ``none`` setting in the
+    same run (``--settings none,...,none``), whose speedup over the first is the same statistic as
+    every other row's with nothing to measure but noise. 0 when the run has none. An adaptive
+    budget that keeps its drafter off reads as none plus its gate; at c=16 on dense chat, the
+    drafters' adaptive rows read 0.998-1.001 over 4 lockstep repeats where identical engines read
+    0.99-1.02 repeat by repeat, so a strict ``>= 1`` called noise a failure."""
+    nones = [r for r in rows if r["spec"] == "none" and _group(r) == _group(row)]
+    return max((abs(1.0 - r["speedup_vs_none"]) for r in nones[1:]), default=0.0)
+
+
 def adaptive_targets(rows: list[dict]) -> dict[str, bool]:
     """Per drafter with adaptive rows: never below no speculation (every adaptive row's speedup
-    >= 1), and within 5% of the best fixed length of the same drafter at the same attention,
-    kind and concurrency (where the run has fixed rows to compare with; paired rows compare their
-    repeats pairwise, see ``speedup``)."""
+    >= 1, less the same run's A/A band where it has one: ``aa_band``), and within 5% of the best
+    fixed length of the same drafter at the same attention, kind and concurrency (where the run
+    has fixed rows to compare with; paired rows compare their repeats pairwise, see ``speedup``)."""
     targets = {}
     for drafter in sorted({r["spec"] for r in rows if r["verify_budget"] == "adaptive"}):
         adaptive = [r for r in rows if r["spec"] == drafter and r["verify_budget"] == "adaptive"]
-        targets[f"{drafter}_adaptive_never_below_none"] = min(r["speedup_vs_none"] for r in adaptive) >= 1.0
+        targets[f"{drafter}_adaptive_never_below_none"] = all(
+            r["speedup_vs_none"] >= 1.0 - aa_band(r, rows) for r in adaptive)
         versus = [versus_best_fixed(r, rows) for r in adaptive]
         within = [ratio >= 0.95 for _best, ratio in filter(None, versus)]
         if within:

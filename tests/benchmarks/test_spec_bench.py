@@ -151,6 +151,23 @@ def test_adaptive_targets_compare_like_with_like():
     }
 
 
+def test_never_below_none_allows_what_the_same_runs_a_a_control_reads_and_no_more():
+    """A second ``none`` row in a group is an A/A control: at c=16 it reads 0.996, so an adaptive
+    row at 0.997 is within the noise there; at c=4 the control reads 1.002 and 0.997 fails, as
+    does every row below 1 in a run without a control."""
+    def row(spec, budget, c, speedup):
+        return {"spec": spec, "verify_budget": budget, "attention": "dense", "kind": "chat", "concurrency": c,
+                "tokens_per_s": 30.0 * speedup, "speedup_vs_none": speedup}
+
+    c16 = [row("none", "fixed", 16, 1.0), row("dspark", "adaptive", 16, 0.997), row("none", "fixed", 16, 0.996)]
+    assert targets.aa_band(c16[1], c16) == pytest.approx(0.004)
+    assert targets.adaptive_targets(c16)["dspark_adaptive_never_below_none"] is True
+    c4 = [row("none", "fixed", 4, 1.0), row("dspark", "adaptive", 4, 0.997), row("none", "fixed", 4, 1.002)]
+    assert targets.adaptive_targets(c16 + c4)["dspark_adaptive_never_below_none"] is False
+    assert targets.adaptive_targets(c16[:2])["dspark_adaptive_never_below_none"] is False
+    assert targets.aa_band(c16[1], c16[:2]) == 0.0
+
+
 def test_a_paired_speedup_is_the_median_of_per_repeat_ratios():
     """Interleaved repeats: repeat i of each setting ran back to back, so the ratios pair up. A
     machine that got 1.5x faster between the two repeats: paired ratios 1.05 and 1.05 -> 1.05;

@@ -279,3 +279,31 @@ def test_a_first_draft_that_fails_keeps_the_drafter_off_for_a_while_not_for_the_
     # 4 / (0.98^n + 4) >= 0.854 after n = 19 skipped steps; resting after 8, the gate asks every 4th
     assert speculator.realized.factor == 1.0
     assert 19 <= speculator.schedule.num_skipped_steps < 19 + speculator.schedule.REST_EVERY
+
+
+def test_a_backlog_of_more_positions_than_a_step_commits_is_charged_at_one_steps_share(monkeypatch):
+    """The drafter's deferred context work covers the positions committed since it last ran: a
+    whole prompt at a request's first draft, a skipped stretch after a probe. Drafting every step
+    owes about one step's committed tokens of it, and that share is what the realized check
+    charges; charged whole, a probe after a skip read as a step 4x its price."""
+    import services.decoder.engine.speculation as speculation
+
+    clock = [0.0]
+    monkeypatch.setattr(speculation.time, "perf_counter", lambda: clock[0])
+    speculator, request, drafter = _one_request_speculator()
+    positions = [150]
+
+    def prepare(self, request_ids):
+        clock[0] += 0.030  # 30 ms of context projection
+        return positions[0]
+
+    monkeypatch.setattr(drafter, "prepare", prepare)
+    speculator.propose([request])
+    assert speculator.promise.expected_committed == pytest.approx(1.5)
+    speculator.observe_step(2, 0.010, decoded=(1, 2))
+    assert speculator.realized.seconds == pytest.approx(0.010 + 0.030 * 1.5 / 150)
+    positions[0] = 1  # fewer positions than the step expects to commit: charged whole
+    speculator.propose([request])
+    speculator.observe_step(2, 0.010, decoded=(1, 2))
+    taken = min(0.010 + 0.030, RealizedGain.MAX_SLOWDOWN * 0.010)
+    assert speculator.realized.seconds == pytest.approx((0.010 + 0.030 * 1.5 / 150 + taken) / 2)

@@ -121,7 +121,8 @@ class Speculator:
         self.realized = RealizedGain()  # what drafting steps delivered of the gate's promises
         # (requests, the gate's plan, the drafted tokens it expected unscaled) of a step whose drafter ran
         self._promise: tuple[int, DraftPlan, float] | None = None
-        self._propose_s = 0.0  # the coming step's proposal (deferred context work, drafter call, budget)
+        self._propose_s = 0.0  # the coming step's proposal (drafter call, budget), its backlog apart
+        self._backlog = (0.0, 0)  # the coming step's deferred context work: (seconds, positions)
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
 
     @property
@@ -161,7 +162,8 @@ class Speculator:
             self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
             _, plan, unscaled = promise
-            self.realized.observe(plan.seconds, seconds + self._propose_s)
+            backlog_s = RealizedGain.steady_backlog_s(*self._backlog, plan.expected_committed)
+            self.realized.observe(plan.seconds, seconds + self._propose_s + backlog_s)
             self.realized.observe_tokens(unscaled, decoded[1] - decoded[0])
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
@@ -222,8 +224,9 @@ class Speculator:
     def propose(self, running: list[Request]) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step."""
         start = time.perf_counter()
+        self._backlog = (0.0, 0)
         self._propose(running)
-        self._propose_s = time.perf_counter() - start
+        self._propose_s = time.perf_counter() - start - self._backlog[0]
 
     def _propose(self, running: list[Request]) -> None:
         drafting: list[Request] = []
@@ -257,7 +260,9 @@ class Speculator:
         # every committed position whether this step drafts or a later one does, and charging a
         # long idle stretch's backlog to the next call made the drafter look dearer the longer it
         # skipped (at c=1 it then drafted on 25% of the steps where drafting on all paid)
-        self.drafter.prepare([a.request_id for a in asks])
+        start = time.perf_counter()
+        positions = self.drafter.prepare([a.request_id for a in asks])
+        self._backlog = (time.perf_counter() - start, positions)
         start = time.perf_counter()
         drafts = self.drafter.propose_batch(asks)
         draft_s = time.perf_counter() - start

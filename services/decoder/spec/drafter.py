@@ -60,11 +60,13 @@ class Drafter(ABC):
         for request_id, start, features in items:
             self.observe(request_id, start, features)
 
-    def prepare(self, request_ids: list[str]) -> None:
+    def prepare(self, request_ids: list[str]) -> int:
         """Brings the requests' draft context up to date with what they observed (a drafter that
-        defers that work until it drafts). The engine calls it just before ``propose_batch`` and
-        prices the call without it (the backlog is owed whether this step drafts or a later one
-        does); the start-up profile calls it before timing, for the same reason."""
+        defers that work until it drafts) and returns how many context positions that took in. The
+        engine calls it just before ``propose_batch`` and prices the call without it (the backlog
+        is owed whether this step drafts or a later one does); the start-up profile calls it
+        before timing, for the same reason."""
+        return 0
 
     def release(self, request_id: str) -> None:
         """Forgets a finished or aborted request."""

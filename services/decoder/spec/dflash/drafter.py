@@ -134,10 +134,12 @@ class DFlashDrafter(Drafter):
         self._flush([request_id])
         return self.contexts[request_id]
 
-    def prepare(self, request_ids: list[str]) -> None:
-        self._flush(request_ids)
+    def prepare(self, request_ids: list[str]) -> int:
+        return self._flush(request_ids)
 
-    def _flush(self, request_ids: list[str]) -> None:
+    def _flush(self, request_ids: list[str]) -> int:
+        """Projects the requests' pending features into their rings; returns the positions
+        projected (the ring keeps at most its window of each)."""
         items = []
         for request_id in request_ids:
             held = self.pending.pop(request_id, None)
@@ -146,6 +148,7 @@ class DFlashDrafter(Drafter):
         if items:
             with torch.inference_mode():
                 DraftContext.append_all(self.net, items)
+        return sum(min(len(rows), context.slot_pos.shape[0]) for context, _, rows in items)
 
     def release(self, request_id: str) -> None:
         self.contexts.pop(request_id, None)
