@@ -134,24 +134,24 @@ def test_a_step_with_other_requests_or_a_prefill_chunk_is_not_held_to_the_promis
     assert speculator.realized.num_steps == 0 and speculator.realized.factor == 1.0
 
 
-def _shrunk(committed: float, expected: float, steps: float) -> float:
-    """The survival scale of token sums: committed over expected, shrunk towards 1 by
-    PRIOR_STEPS steps of the mean expectation (written out here as the oracle)."""
-    prior = RealizedGain.PRIOR_STEPS * expected / steps
-    return (committed + prior) / (expected + prior)
+def _shrunk(kept: float, expected: float, calls: float) -> float:
+    """The survival scale of token sums: kept over expected, shrunk towards 1 by PRIOR_STEPS
+    calls of the mean expectation (written out here as the oracle)."""
+    prior = RealizedGain.PRIOR_STEPS * expected / calls
+    return (kept + prior) / (expected + prior)
 
 
-def test_the_survival_scale_is_committed_over_expected_drafted_tokens_shrunk_towards_one():
+def test_the_survival_scale_is_kept_over_expected_drafted_tokens_shrunk_towards_one():
     gain = RealizedGain()
     m = RealizedGain.TOKENS_MEMORY
     assert gain.survival_scale == 1.0
-    gain.observe_tokens(2.0, 0)  # the gate expected 2 drafted tokens to commit, the step committed none
-    # one failed step is one step of evidence against PRIOR_STEPS steps that committed what was expected
+    gain.observe_tokens(2.0, 0)  # the gate expected 2 drafted tokens to commit, the call's plan kept none
+    # one call is one call of evidence against PRIOR_STEPS calls that kept what was expected
     assert gain.survival_scale == pytest.approx(RealizedGain.PRIOR_STEPS / (1 + RealizedGain.PRIOR_STEPS))
     gain.observe_tokens(4.0, 1)
     assert gain.survival_scale == pytest.approx(_shrunk(1, m * 2 + 4, m + 1))
     gain.observe_tokens(0.01, 0)  # the gate expected next to nothing: no evidence either way
-    assert gain.token_steps == pytest.approx(m + 1)
+    assert gain.token_calls == pytest.approx(m + 1)
     for _ in range(400):  # 1 of 3 each: the sums fill to ~50 steps and the prior weighs 4 of 54
         gain.observe_tokens(3.0, 1)
     steps = (1 - m ** 402) / (1 - m)
@@ -170,9 +170,9 @@ def test_skipped_steps_age_the_survival_scales_evidence_so_it_returns_towards_on
     for _ in range(100):
         gain.observe_tokens(2.0, 0)  # a drafter that commits nothing: the scale at its floor
     assert gain.survival_scale == RealizedGain.MIN_SCALE
-    sums = (gain.committed_tokens, gain.expected_tokens, gain.token_steps)
+    sums = (gain.kept_tokens, gain.expected_tokens, gain.token_calls)
     gain.relax(0.02)
-    assert (gain.committed_tokens, gain.expected_tokens, gain.token_steps) == pytest.approx(
+    assert (gain.kept_tokens, gain.expected_tokens, gain.token_calls) == pytest.approx(
         tuple(0.98 * x for x in sums))
     scales = [gain.survival_scale]
     for _ in range(300):
@@ -180,105 +180,6 @@ def test_skipped_steps_age_the_survival_scales_evidence_so_it_returns_towards_on
         scales.append(gain.survival_scale)
     assert scales == sorted(scales) and scales[-1] > 0.95
     assert scales[-1] == pytest.approx(_shrunk(0.0, 2.0 * sums[2] * 0.98 ** 301, sums[2] * 0.98 ** 301))
-
-
-def test_a_gate_for_a_drafter_with_confidences_scales_its_pooled_survival_by_what_its_steps_committed():
-    """DSpark-like: the gate predicts from the pooled survival; steps that commit less than it
-    expected scale the next gate's survival down (a drafter without confidences: its own test below)."""
-    request = _decoding_request()
-    speculator = _confident_speculator(spec_tokens=3)
-    assert speculator._gate_survival(request, 3) == pytest.approx(speculator.depth.rates(3))
-    speculator.propose([request])
-    expected = speculator.promise.expected_committed - 1
-    assert expected > 0.5
-    speculator.observe_step(4, 0.010, decoded=(1, 1))  # nothing drafted survived
-    one_failure = RealizedGain.PRIOR_STEPS / (1 + RealizedGain.PRIOR_STEPS)
-    assert speculator.realized.survival_scale == pytest.approx(one_failure)
-    scaled = speculator.depth.rates(3, one_failure)
-    assert speculator._gate_survival(request, 3) == pytest.approx(scaled)
-
-
-def _confident_speculator(spec_tokens: int = 1):
-    """A speculator over a memory-bound step (10 ms at any size) whose drafter says 0.9 at every
-    position (pooled prior 0.8), without control steps."""
-    from services.decoder.engine.speculation import Speculator
-    from services.decoder.spec.drafter import Draft, Drafter
-
-    class Confident(Drafter):
-        name = "confident"
-        prior_acceptance = 0.8
-        has_confidences = True
-
-        def propose_batch(self, requests):
-            return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens) for r in requests]
-
-    speculator = Speculator(Confident(), spec_tokens=spec_tokens)
-    speculator.schedule.CONTROL_EVERY = 10**6
-    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
-    return speculator
-
-
-def test_the_survival_scale_is_measured_against_the_unscaled_expectation_so_it_holds_once_it_corrects():
-    """One-token drafts the pooled profile expects to survive at 0.8 commit every other time: the
-    scale settles at 0.5 / 0.8, shrunk towards 1 by the prior's 4 steps of ~50. Measured against
-    the already-scaled expectation it would read the corrected estimate as no bias and settle at
-    the square root of that (0.79)."""
-    speculator = _confident_speculator()
-    request = _decoding_request()
-    unscaled = speculator.depth.rates(1)[0]
-    for step in range(400):
-        speculator.propose([request])
-        assert speculator.promise is not None  # 0.5 survival still pays in a memory-bound step
-        speculator.observe_step(2, 0.010, decoded=(1, 1 + step % 2))
-    steps = speculator.realized.token_steps
-    assert steps == pytest.approx(50, abs=0.1)
-    settled = _shrunk(0.5 * steps, unscaled * steps, steps)
-    assert speculator.realized.survival_scale == pytest.approx(settled, abs=0.02)
-    speculator.propose([request])  # the gate now expects what the steps commit, shrunk alike
-    assert speculator.promise.expected_committed - 1 == pytest.approx(unscaled * settled, abs=0.02)
-    assert speculator.promise.expected_committed - 1 == pytest.approx(0.5, abs=0.03)
-
-
-def test_a_gate_without_confidences_scales_the_requests_survival_by_what_its_steps_committed():
-    speculator, request, _ = _one_request_speculator()
-    own = speculator._scale(request)
-    assert speculator._gate_survival(request, 1) == pytest.approx(speculator.depth.rates(1, own))
-    speculator.propose([request])
-    assert speculator.promise.expected_committed == pytest.approx(1.5)
-    speculator.observe_step(2, 0.010, decoded=(1, 1))  # the drafted token did not survive
-    one_failure = RealizedGain.PRIOR_STEPS / (1 + RealizedGain.PRIOR_STEPS)
-    assert speculator.realized.survival_scale == pytest.approx(one_failure)
-    scaled = speculator.depth.rates(1, own * one_failure)
-    assert speculator._gate_survival(request, 1) == pytest.approx(scaled)
-    assert speculator._gate_survival(request, 1, scaled=False) == pytest.approx(speculator.depth.rates(1, own))
-
-
-def test_a_first_draft_that_fails_keeps_the_drafter_off_for_a_while_not_for_the_engines_life(monkeypatch):
-    """A 2-token step costs 1.65x a 1-token one: a one-token draft pays from survival 0.683, a
-    scale of 0.854 on the drafter's prior (0.8). The prior drafts the first step, its draft fails,
-    the scale reads 0.8 (one step against the prior's 4), and the gate skips.
-    The clock stands still: the step's priced seconds are what it takes. The scale once fell to its floor on that one step and nothing moved it
-    again (code_edit, DFlash and DSpark never drafted after their first step); now the skipped
-    steps age the evidence and the drafter is probed again."""
-    import services.decoder.engine.speculation as speculation
-
-    monkeypatch.setattr(speculation.time, "perf_counter", lambda: 0.0)
-    speculator = _confident_speculator()
-    speculator.profile = BudgetProfile(CostTable((1, 2, 64), (0.010, 0.0165, 0.2)), CostTable((1, 16), (0.0, 0.0)))
-    request = _decoding_request()
-    speculator.propose([request])
-    assert speculator.promise is not None
-    speculator.observe_step(2, 0.0165, decoded=(1, 1))  # the draft failed
-    calls = speculator.num_drafter_calls
-    for _ in range(200):
-        speculator.propose([request])
-        if speculator.num_drafter_calls > calls:
-            break
-        speculator.observe_step(1, 0.010, decoded=(1, 1))
-    assert speculator.num_drafter_calls == calls + 1
-    # 4 / (0.98^n + 4) >= 0.854 after n = 19 skipped steps; resting after 8, the gate asks every 4th
-    assert speculator.realized.factor == 1.0
-    assert 19 <= speculator.schedule.num_skipped_steps < 19 + speculator.schedule.REST_EVERY
 
 
 def test_a_backlog_of_more_positions_than_a_step_commits_is_charged_at_one_steps_share(monkeypatch):
@@ -307,3 +208,65 @@ def test_a_backlog_of_more_positions_than_a_step_commits_is_charged_at_one_steps
     speculator.observe_step(2, 0.010, decoded=(1, 2))
     taken = min(0.010 + 0.030, RealizedGain.MAX_SLOWDOWN * 0.010)
     assert speculator.realized.seconds == pytest.approx((0.010 + 0.030 * 1.5 / 150 + taken) / 2)
+
+
+def _confident_speculator(confidences: list[float], spec_tokens: int):
+    """A speculator whose step costs 10 ms plus 1 ms per token beyond the first and whose drafter
+    is free and says ``confidences`` (pooled prior 0.8), without control steps."""
+    from services.decoder.engine.speculation import Speculator
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    class Confident(Drafter):
+        name = "confident"
+        prior_acceptance = 0.8
+        has_confidences = True
+
+        def propose_batch(self, requests):
+            return [Draft([7] * r.max_tokens, confidences[: r.max_tokens]) for r in requests]
+
+    speculator = Speculator(Confident(), spec_tokens=spec_tokens)
+    speculator.schedule.CONTROL_EVERY = 10**6
+    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.073)), CostTable((1, 16), (0.0, 0.0)))
+    return speculator
+
+
+def test_the_survival_scale_is_what_the_confidences_kept_of_the_gates_unscaled_expectation():
+    """The gate expects three positions at the pooled prior (0.8 each); the drafter is sure of the
+    first only (0.9, 0.1, 0.1), and the plan after the call keeps one. The scale reads what was
+    kept against what the gate expected before any scale, and the verified outcome, which the
+    pooled profile and the calibration learn from, leaves it alone."""
+    from services.decoder.spec.verify_budget import expected_committed
+
+    speculator = _confident_speculator([0.9, 0.1, 0.1], spec_tokens=3)
+    request = _decoding_request()
+    speculator.propose([request])
+    gate = speculator.promise
+    assert gate.lengths == [3] and len(request.draft_ids) == 1
+    expected = gate.expected_committed - 1
+    kept = expected_committed(speculator.calibration([0.9])) - 1
+    assert (speculator.realized.expected_tokens, speculator.realized.kept_tokens) == pytest.approx((expected, kept))
+    scale = _shrunk(kept, expected, 1)
+    assert 0.5 < scale < 0.9 and speculator.realized.survival_scale == pytest.approx(scale)
+    assert speculator._gate_survival(request, 3) == pytest.approx(speculator.depth.rates(3, scale))
+    speculator.observe_step(2, 0.011, decoded=(1, 1))  # the kept position failed
+    speculator.record(request, 1, 0)
+    assert speculator.realized.survival_scale == pytest.approx(scale)
+    speculator.propose([request])  # the next gate expects less (scaled); the scale is fed unscaled
+    n = speculator.promise.lengths[0]
+    assert speculator.promise.expected_committed == pytest.approx(expected_committed(speculator.depth.rates(n, scale)))
+    unscaled = expected_committed(speculator.depth.rates(n)) - 1
+    assert speculator.realized.expected_tokens == pytest.approx(RealizedGain.TOKENS_MEMORY * expected + unscaled)
+
+
+def test_a_drafter_without_confidences_is_gated_at_its_own_survival_unscaled():
+    """Without confidences the plan after the call drafts what the gate predicted: nothing to
+    scale. A failed draft lowers the pooled profile and the request's survival, once."""
+    speculator, request, _ = _one_request_speculator()
+    speculator.propose([request])
+    assert speculator.promise.expected_committed == pytest.approx(1.5)
+    speculator.observe_step(2, 0.010, decoded=(1, 1))  # the drafted token did not survive
+    speculator.record(request, 1, 0)
+    assert speculator.realized.token_calls == 0 and speculator.realized.survival_scale == 1.0
+    own = speculator._scale(request)
+    assert own < 1.0 and speculator.depth.rates(1)[0] < 0.5
+    assert speculator._gate_survival(request, 1) == pytest.approx(speculator.depth.rates(1, own))

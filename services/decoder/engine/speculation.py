@@ -161,10 +161,9 @@ class Speculator:
         if promise is not None:
             self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
-            _, plan, unscaled = promise
+            _, plan, _ = promise
             backlog_s = RealizedGain.steady_backlog_s(*self._backlog, plan.expected_committed)
             self.realized.observe(plan.seconds, seconds + self._propose_s + backlog_s)
-            self.realized.observe_tokens(unscaled, decoded[1] - decoded[0])
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -278,6 +277,10 @@ class Speculator:
             lengths = plan.lengths
             if any(lengths):
                 self.plan = plan
+            if self.drafter.has_confidences and self._promise is not None:
+                # what the confidences kept of the gate's expectation (``RealizedGain.survival_scale``)
+                kept = sum(expected_committed(s[:n]) - 1 for s, n in zip(survivals, lengths) if n)
+                self.realized.observe_tokens(self._promise[2], kept)
             for request, draft, length, survival in zip(drafting, drafts, lengths, survivals):
                 if draft.tokens and length == 0:
                     self._idle(request)
@@ -305,7 +308,7 @@ class Speculator:
         use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent
         drafting steps against their promises (``RealizedGain``). Returns the kept requests, their
         asks, the gate's plan and the drafted tokens it expects to commit before the survival
-        scale (what the step's committed tokens set the scale by: measured against the scaled
+        scale (what the confidences' kept survival sets the scale by: measured against the scaled
         expectation, a scale that corrected a bias would read as no bias and drift back)."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
         plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
@@ -344,16 +347,15 @@ class Speculator:
         drafting paid (c=1, 4 repeats paired: 1.045x vs 1.097x of no speculation, fixed k=2
         1.11x). Without confidences (n-gram, DFlash) the request's own survival is all there is
         of its text (copy-heavy or not), so it scales the profile, before the call and after it.
-        ``scaled``: times ``RealizedGain.survival_scale``, what recent drafting steps kept of the
-        gate's expectations. With confidences, that is what their cuts kept; without, what the
-        budget's own choice costs: it drafts longest for the requests whose scale reads highest,
-        so their noise is on its side (at c=1, DFlash, 4 chat prompts, the plans expected 257
-        drafted tokens to commit where 242 did, and they verified longer drafts than fixed
-        one-token drafts did for the same tokens)."""
-        survival_scale = self.realized.survival_scale if scaled else 1.0
+        With confidences, ``scaled``: times ``RealizedGain.survival_scale``, what the confidences
+        of recent calls kept of the gate's expectations once they cut the drafts. Without, the
+        survival the gate predicts is the one the plan after the call uses: no scale (one measured
+        on the steps' committed tokens learnt the same failures the profile and the request's
+        survival learn from, and a run of them put the gate at 0.15 where one-token drafts
+        survived 0.34 and paid 1.16x: code_edit, c=1)."""
         if self.drafter.has_confidences:
-            return self.depth.rates(num_positions, survival_scale)
-        return self.depth.rates(num_positions, self._scale(request) * survival_scale)
+            return self.depth.rates(num_positions, self.realized.survival_scale if scaled else 1.0)
+        return self.depth.rates(num_positions, self._scale(request))
 
     def _scale(self, request: Request) -> float:
         """The request's survival over the pooled profile's."""

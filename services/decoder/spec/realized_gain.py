@@ -25,25 +25,26 @@ skipped step and the drafter is probed again.
 
 The tokens matter too. Before the call the gate predicts each request's draft from the pooled
 survival per position. For a drafter with confidences (DSpark), calibrated confidences then cut
-each draft where it is unsure; the pooled survival is measured on the drafts verification saw,
-which the confidences had already cut to their sure stretches, so it overstates an uncut draft,
-and the gate drafts when its estimate is high: at c=4 it expected 2.84 drafted tokens per step
-to commit where the plans expected 1.32 and the steps committed 1.25, drafted on 193 of 195
-steps and delivered 0.89x of no speculation. Without confidences (DFlash, n-gram) the budget
-drafts longest for the requests whose own survival reads highest, so their noise is on its side
-(c=1, DFlash: the plans expected 257 drafted tokens to commit, 242 did). So the drafted tokens
-the gate expected and those the step committed feed two decayed sums, with a memory long enough
-(``TOKENS_MEMORY``: ~50 drafting steps) that 1-or-4 noise averages out, and their ratio sets a
-``survival_scale`` (at most 1) that the gate multiplies its survival by. The expectation is the
-one before the scale: against the scaled one, a scale that corrected a bias would read as no
-bias and drift back (half-way, in the log: the square root of the bias).
+each draft where it is unsure, so a call yields less than the gate expected of an uncut draft
+(at c=4, before the pooled profile counted cut positions, the gate expected 2.84 drafted tokens
+per step to commit where the steps committed 1.25, drafted on 193 of 195 steps and delivered
+0.89x of no speculation). So every call reports the drafted tokens the gate expected and the
+calibrated survival the confidences kept (the plan after the call: its drafts' expected
+commits), two decayed sums with ``TOKENS_MEMORY`` (~50 calls) of memory, and their ratio sets a
+``survival_scale`` (at most 1) that the gate multiplies its survival by. Kept survival, not
+committed tokens: the commits are the outcomes that the pooled profile and the confidence
+calibration learn from already, and a scale learning them too counted every failure twice (a
+run of failed drafts put the gate at 0.15 where one-token drafts survived 0.34 and paid 1.16x:
+code_edit, c=1). The expectation is the one before the scale: against the scaled one, a scale
+that corrected a bias would read as no bias and drift back (half-way, in the log: the square
+root of the bias). A drafter without confidences has no cut: the gate's survival is the plan's.
 
-The ratio is shrunk towards 1 as if ``PRIOR_STEPS`` more steps had committed what the gate
-expected (the Gamma-Poisson estimate of a rate multiplier, as ``RequestSurvival``'s), and
-skipped steps age its evidence as they age the pooled profile's. Set outright by the first
-drafting step, the scale fell to its floor when that one draft failed (code_edit, DFlash and
-DSpark: survival 0.5 x 0.1), the gate skipped every step after it, and with nothing measured
-nothing moved it again: the drafter stayed off for the engine's life.
+The ratio is shrunk towards 1 as if ``PRIOR_STEPS`` more calls had kept what the gate expected
+(the Gamma-Poisson estimate of a rate multiplier, as ``RequestSurvival``'s), and skipped steps
+age its evidence as they age the pooled profile's. Set outright by the first drafting step, the
+scale once fell to its floor when that one draft failed (code_edit, DFlash and DSpark: survival
+0.5 x 0.1), the gate skipped every step after it, and with nothing measured nothing moved it
+again: the drafter stayed off for the engine's life.
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ class RealizedGain:
     WEIGHT = 0.1
     MAX_SLOWDOWN = 2.0  # one step counts as at most 2x its promised seconds (a preempted step, a page fault)
 
-    TOKENS_MEMORY = 0.98  # per drafting step, of the token sums (~50 steps of memory)
-    PRIOR_STEPS = 4.0  # pseudo-steps that committed what the gate expected
-    MIN_EXPECTED = 0.05  # drafted tokens the gate expects below which a step says nothing of the scale
+    TOKENS_MEMORY = 0.98  # per drafter call, of the token sums (~50 calls of memory)
+    PRIOR_STEPS = 4.0  # pseudo-calls that kept what the gate expected
+    MIN_EXPECTED = 0.05  # drafted tokens the gate expects below which a call says nothing of the scale
     MIN_SCALE = 0.1
 
     def __init__(self):
@@ -65,29 +66,30 @@ class RealizedGain:
         # one slow step among ten fast ones weighs by its seconds, not by its ratio)
         self.promised_s = self.seconds = 0.0
         self.num_steps = 0
-        # decayed sums over drafting steps of the drafted tokens the gate expected to commit, of
-        # those the step committed, and of the steps themselves
-        self.expected_tokens = self.committed_tokens = self.token_steps = 0.0
+        # decayed sums over drafter calls of the drafted tokens the gate expected to commit, of
+        # those the kept drafts are expected to commit, and of the calls themselves
+        self.expected_tokens = self.kept_tokens = self.token_calls = 0.0
 
     @property
     def survival_scale(self) -> float:
-        """Committed over expected drafted tokens of recent drafting steps, shrunk towards 1 by
-        ``PRIOR_STEPS`` steps of the mean expectation, in ``[MIN_SCALE, 1]``: what the gate's
+        """Kept over expected drafted tokens of recent drafter calls, shrunk towards 1 by
+        ``PRIOR_STEPS`` calls of the mean expectation, in ``[MIN_SCALE, 1]``: what the gate's
         pooled survival is multiplied by."""
-        if self.token_steps == 0:
+        if self.token_calls == 0:
             return 1.0
-        prior = self.PRIOR_STEPS * self.expected_tokens / self.token_steps
-        scale = (self.committed_tokens + prior) / (self.expected_tokens + prior)
+        prior = self.PRIOR_STEPS * self.expected_tokens / self.token_calls
+        scale = (self.kept_tokens + prior) / (self.expected_tokens + prior)
         return min(max(scale, self.MIN_SCALE), 1.0)
 
-    def observe_tokens(self, expected: float, committed: int) -> None:
-        """A drafting step's gate expected ``expected`` drafted tokens to commit (beyond one per
-        request) at its survival before the scale; the step committed ``committed`` (likewise)."""
-        if expected < self.MIN_EXPECTED or committed < 0:
+    def observe_tokens(self, expected: float, kept: float) -> None:
+        """A drafter call's gate expected ``expected`` drafted tokens to commit (beyond one per
+        request) at its survival before the scale; the drafts the call's plan kept are expected
+        to commit ``kept`` (likewise)."""
+        if expected < self.MIN_EXPECTED or kept < 0:
             return
         self.expected_tokens = self.TOKENS_MEMORY * self.expected_tokens + expected
-        self.committed_tokens = self.TOKENS_MEMORY * self.committed_tokens + committed
-        self.token_steps = self.TOKENS_MEMORY * self.token_steps + 1
+        self.kept_tokens = self.TOKENS_MEMORY * self.kept_tokens + kept
+        self.token_calls = self.TOKENS_MEMORY * self.token_calls + 1
 
     @staticmethod
     def steady_backlog_s(seconds: float, positions: int, expected_committed: float) -> float:
@@ -132,5 +134,5 @@ class RealizedGain:
         gate that a shortfall or a low scale keeps off probes the drafter again."""
         self.seconds += rate * (self.promised_s - self.seconds)
         self.expected_tokens *= 1 - rate
-        self.committed_tokens *= 1 - rate
-        self.token_steps *= 1 - rate
+        self.kept_tokens *= 1 - rate
+        self.token_calls *= 1 - rate
