@@ -119,8 +119,8 @@ class Speculator:
         self._cut: dict[str, list[float]] = {}  # request -> calibrated survival of its pending draft's cut positions
         self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
         self.realized = RealizedGain()  # what drafting steps delivered of the gate's promises
-        # (requests, the gate's plan, the drafted tokens it expected unscaled) of a step whose drafter ran
-        self._promise: tuple[int, DraftPlan, float] | None = None
+        # (requests, the gate's plan) of a step whose drafter ran
+        self._promise: tuple[int, DraftPlan] | None = None
         self._propose_s = 0.0  # the coming step's proposal (drafter call, budget), its backlog apart
         self._backlog = (0.0, 0)  # the coming step's deferred context work: (seconds, positions)
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
@@ -161,7 +161,7 @@ class Speculator:
         if promise is not None:
             self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
-            _, plan, _ = promise
+            plan = promise[1]
             backlog_s = RealizedGain.steady_backlog_s(*self._backlog, plan.expected_committed)
             self.realized.observe(plan.seconds, seconds + self._propose_s + backlog_s)
         if self.attention_costs is not None and attention is not None:
@@ -247,9 +247,9 @@ class Speculator:
                 self._skip(drafting)
                 drafting = []
             else:
-                drafting, max_tokens, promise, unscaled = self._worth_the_drafter(running, drafting, max_tokens)
+                drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
             if drafting:
-                self._promise = (len(running), promise, unscaled)
+                self._promise = (len(running), promise)
         self.schedule.proposed(bool(drafting))
         if not drafting:
             return
@@ -278,9 +278,12 @@ class Speculator:
             if any(lengths):
                 self.plan = plan
             if self.drafter.has_confidences and self._promise is not None:
-                # what the confidences kept of the gate's expectation (``RealizedGain.survival_scale``)
+                # what the confidences kept of what the gate expected before its survival scale (a
+                # scale measured against the scaled expectation would read a corrected bias as
+                # none and drift back): ``RealizedGain.survival_scale``
+                unscaled = sum(expected_committed(self.depth.rates(n)) - 1 for n in self._promise[1].lengths if n)
                 kept = sum(expected_committed(s[:n]) - 1 for s, n in zip(survivals, lengths) if n)
-                self.realized.observe_tokens(self._promise[2], kept)
+                self.realized.observe_tokens(unscaled, kept)
             for request, draft, length, survival in zip(drafting, drafts, lengths, survivals):
                 if draft.tokens and length == 0:
                     self._idle(request)
@@ -307,9 +310,7 @@ class Speculator:
         those positions (its heads run per position), and confidences may still cut the draft or
         use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent
         drafting steps against their promises (``RealizedGain``). Returns the kept requests, their
-        asks, the gate's plan and the drafted tokens it expects to commit before the survival
-        scale (what the confidences' kept survival sets the scale by: measured against the scaled
-        expectation, a scale that corrected a bias would read as no bias and drift back)."""
+        asks and the gate's plan."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
         plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
                           draft_s, self.realized.required_gain(self.MIN_GAIN),
@@ -323,9 +324,7 @@ class Speculator:
                 if length == 0:
                     self._idle(request)
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
-        unscaled = sum(expected_committed(self._gate_survival(drafting[i], predicted[i], scaled=False)) - 1
-                       for i in keep)
-        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan, unscaled
+        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan
 
     def _skip(self, candidates: list[Request]) -> None:
         """A step where no draft could pay for the drafter: the candidates' evidence ages, and
@@ -338,7 +337,7 @@ class Speculator:
         self.realized.relax(self.COST_RELAX)
         self.depth.relax(self.COST_RELAX)
 
-    def _gate_survival(self, request: Request, num_positions: int, scaled: bool = True) -> list[float]:
+    def _gate_survival(self, request: Request, num_positions: int) -> list[float]:
         """The per-position survival the gate predicts a request's draft at. A drafter with
         confidences says per request, after its call, how far each draft will survive
         (calibrated), so before the call the gate needs only the drafter's pooled profile: a
@@ -347,14 +346,14 @@ class Speculator:
         drafting paid (c=1, 4 repeats paired: 1.045x vs 1.097x of no speculation, fixed k=2
         1.11x). Without confidences (n-gram, DFlash) the request's own survival is all there is
         of its text (copy-heavy or not), so it scales the profile, before the call and after it.
-        With confidences, ``scaled``: times ``RealizedGain.survival_scale``, what the confidences
+        With confidences, times ``RealizedGain.survival_scale``: what the confidences
         of recent calls kept of the gate's expectations once they cut the drafts. Without, the
         survival the gate predicts is the one the plan after the call uses: no scale (one measured
         on the steps' committed tokens learnt the same failures the profile and the request's
         survival learn from, and a run of them put the gate at 0.15 where one-token drafts
         survived 0.34 and paid 1.16x: code_edit, c=1)."""
         if self.drafter.has_confidences:
-            return self.depth.rates(num_positions, self.realized.survival_scale if scaled else 1.0)
+            return self.depth.rates(num_positions, self.realized.survival_scale)
         return self.depth.rates(num_positions, self._scale(request))
 
     def _scale(self, request: Request) -> float:
