@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from services.decoder.config import DecoderConfig
-from services.decoder.engine.host_allocator import keep_freed_memory_in_heap
+from services.decoder.host_allocator import keep_freed_memory_in_heap
 from services.decoder.engine.host_sync import (
     lost_requests,
     swap_in,

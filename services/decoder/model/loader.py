@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from services.decoder.host_allocator import keep_freed_memory_in_heap
 from services.decoder.model.config import ModelConfig
 from services.decoder.model.errors import ModelLoadError
 from services.decoder.model.gguf_loader import load_gguf
@@ -111,6 +112,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> L
     Raises ``ModelLoadError`` (missing/corrupt/truncated/incomplete) or its subclass
     ``UnsupportedArchitectureError``.
     """
+    keep_freed_memory_in_heap()  # before the first large allocation (host_allocator.py)
     source = Path(path).expanduser()
     if not source.exists():
         raise ModelLoadError(f"model path does not exist: {source}")

@@ -5,6 +5,15 @@ With glibc's defaults such blocks are mmap'ed and unmapped every time, so every 
 page faults: measured on this project's machines, one sparse attention call over 125 pages took
 1.4 ms with the defaults and 0.5 ms once freed memory is kept in the heap. Raising the mmap and
 trim thresholds keeps freed blocks for reuse (the process keeps its peak heap, as servers do).
+
+The thresholds are set before the process's first large allocation: ``load_model`` sets them
+(and ``Engine`` again, for a process that builds one from weights loaded elsewhere). Set only at
+the first engine's build, after the weights were loaded under glibc's defaults, engines built one
+after another in one process ran progressively faster: four identical engines decoding in
+lockstep (c=4 chat) read 1.000 / 1.014 / 1.020 / 1.025 of the first built, the order reversed
+when the build order was, and every benchmark ratio against the baseline engine (built first)
+was inflated by it. Set before loading: 1.000 / 1.006 / 1.008 / 1.008, and 4-6% more tokens/s
+for every engine.
 """
 
 from __future__ import annotations
