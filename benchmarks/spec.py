@@ -137,6 +137,10 @@ class SettingRun:
         self.params = SamplingParams(max_tokens=max_tokens)
         # warm-up: builds the weight copies of the GEMM kernels verify steps use (lazy, see model/linear.py)
         self.llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))
+        if self.llm.engine.speculator is not None:
+            # measured decodes start where a freshly started server does, not from what the
+            # warm-up's one prompt (and its steps that built the packs) taught the adaptive budget
+            self.llm.engine.speculator.reset_estimates()
         self.rates: list[float] = []
         self.accepted = self.verify_steps = 0
         self.outputs: list[list[int]] | None = None

@@ -270,3 +270,30 @@ def test_a_drafter_without_confidences_is_gated_at_its_own_survival_unscaled():
     own = speculator._scale(request)
     assert own < 1.0 and speculator.depth.rates(1)[0] < 0.5
     assert speculator._gate_survival(request, 1) == pytest.approx(speculator.depth.rates(1, own))
+
+
+def test_reset_estimates_returns_the_gate_to_what_a_freshly_built_speculator_plans():
+    """After drafts, verified outcomes and measured steps have moved every estimate, a reset
+    speculator plans the coming step exactly as a fresh one with the same profile does."""
+    confidences = [0.9, 0.6, 0.3]
+    used = _confident_speculator(confidences, spec_tokens=3)
+    request = _decoding_request()
+    for _ in range(3):
+        used.propose([request])
+        used.observe_step(1 + len(request.draft_ids), 0.030, decoded=(1, 1))  # slow steps, failed drafts
+        used.record(request, len(request.draft_ids), 0)
+    fresh = _confident_speculator(confidences, spec_tokens=3)
+    assert used.depth.rates(3) != fresh.depth.rates(3)
+    assert used.calibration(confidences) != fresh.calibration(confidences)
+    assert used.step_costs.seconds_at(2) != fresh.step_costs.seconds_at(2)
+    assert used.realized.token_calls > 0
+    used.reset_estimates()
+    assert used.depth.rates(3) == fresh.depth.rates(3)
+    assert used.calibration(confidences) == fresh.calibration(confidences)
+    assert used.step_costs.seconds_at(2) == fresh.step_costs.seconds_at(2)
+    assert used.realized.token_calls == 0 and used.realized.factor == 1.0
+    used.schedule.CONTROL_EVERY = fresh.schedule.CONTROL_EVERY
+    other = _decoding_request()
+    used.propose([other])
+    fresh.propose([_decoding_request()])
+    assert used.promise == fresh.promise and used.plan == fresh.plan
