@@ -78,3 +78,32 @@ def test_after_a_run_of_skipped_steps_the_gate_asks_every_few_steps_and_at_once_
     other.request_id = "r2"
     speculator.propose([request, other])  # two candidates where the gate last saw one: it asks
     assert len(plans) == speculator.schedule.REST_AFTER + 5
+
+
+def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_them():
+    """The table says 10 ms for any step; plain one-request steps take 4 ms. Once measured, the
+    gate's base is what they took and a drafted position costs what the table adds to it; a
+    drafting step, a step with a prefill chunk and a step of another request count leave the
+    one-request figure alone."""
+    from services.decoder.spec.gate_schedule import GateSchedule
+
+    speculator, request, _ = _one_request_speculator()
+    schedule = speculator.schedule
+    assert schedule.plain_s(1) is None
+    speculator.propose([request])
+    assert speculator.promise.base_rate == pytest.approx(100.0) and speculator.promise.seconds == pytest.approx(0.010)
+    speculator.observe_step(2, 0.012, decoded=(1, 2))  # a drafting step
+    speculator.observe_step(40, 0.2, decoded=None)  # a prefill chunk ran in the pass
+    speculator.observe_step(2, 0.009, decoded=(2, 2))  # two requests decoding
+    assert schedule.plain_s(1) is None and schedule.plain_s(2) == pytest.approx(0.009)
+    speculator.observe_step(1, 0.004, decoded=(1, 1))
+    speculator.observe_step(1, 0.005, decoded=(1, 1))
+    assert schedule.plain_s(1) == pytest.approx(0.004 + GateSchedule.PLAIN_WEIGHT * 0.001)
+    # (the table learns from the same steps: its marginal second is its own, the base is measured)
+    base_s, costs = schedule.plain_s(1), speculator.step_costs
+    for survival in (0.99, 0.1):
+        plan = speculator._plan([request], [request], [[survival]])
+        assert plan.base_rate == pytest.approx(1 / base_s)
+        n = plan.lengths[0]
+        assert plan.seconds == pytest.approx(base_s + costs.seconds_at(1 + n) - costs.seconds_at(1))
+    assert plan.lengths == [0]

@@ -152,3 +152,18 @@ def test_the_gate_reads_the_pooled_estimate_when_drafts_carry_confidences(confid
     speculator.propose([request])
     assert speculator.num_drafter_calls == (1 if confidences else 0)
     assert bool(request.draft_ids) is confidences
+
+
+def test_a_measured_base_shifts_every_price_by_what_it_differs_from_the_table():
+    """A step table at 10 ms + 1 ms per token beyond the first, a drafter call of 2 ms, one
+    position at survival 0.5. Priced on the table the draft promises 1.5 tokens in 13 ms against
+    1 in 10 (x1.15) and is taken; with the base measured at 4 ms it is 1.5 in 7 ms against 1 in
+    4 (x0.86) and it is not. A dearer measured base (20 ms) shifts the draft's price as much."""
+    costs = CostTable((1, 64), (0.010, 0.073))
+    table = choose_draft_plan([[0.5]], 1, 1, costs, draft_s=0.002)
+    assert table.lengths == [1] and table.seconds == pytest.approx(0.013) and table.base_rate == pytest.approx(100.0)
+    cheap = choose_draft_plan([[0.5]], 1, 1, costs, draft_s=0.002, base_s=0.004)
+    assert cheap.lengths == [0] and cheap.seconds == pytest.approx(0.004) and cheap.base_rate == pytest.approx(250.0)
+    dear = choose_draft_plan([[0.5]], 1, 1, costs, draft_s=0.002, base_s=0.020)
+    assert dear.lengths == [1] and dear.seconds == pytest.approx(0.023) and dear.base_rate == pytest.approx(50.0)
+    assert dear.expected_committed == pytest.approx(1.5)

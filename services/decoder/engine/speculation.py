@@ -13,7 +13,7 @@ survival, the profiled step costs and the profiled drafter cost, the requests fo
 no draft would pay are left out, and when none is left the drafter does not run (those requests'
 evidence ages towards the pooled profile, the profile's towards the drafter's prior and the
 drafter's measured cost towards its profile, so they probe again later; while it keeps
-skipping it asks only every few steps, and control steps measure the base it compares against:
+skipping it asks only every few steps, and plain and control steps measure the base it prices:
 ``spec/gate_schedule.py``). The gate holds itself to its prices: every
 drafting step reports the seconds it took (proposal and target pass) against what the gate
 priced it at, and a shortfall raises the gain a draft must promise (``RealizedGain``). A request that drafts is asked for its predicted length only, + ``LENGTH_HEADROOM``
@@ -89,13 +89,10 @@ class Speculator:
     # verified on a sunk-cost price (c=4: 9-token steps where fixed k=1 ran 8, 5 ms dearer)
     LENGTH_HEADROOM = 1
     # the drafter runs only if the step's drafts promise this much more throughput than none (a
-    # margin for the noise of the estimates that picked them). It used to grow with the requests
-    # that draft (2% each), from a time the model priced c=4 drafts at +3% that measured 0.85-1.02x;
-    # with the drafter's per-position cost profiled per request count the model matches the steps
-    # it plans (committed 508 vs 490 expected, exec 7.07 vs 7.28 s priced, c=4), verification's
-    # own bookkeeping measures 0.25 ms per step of 75 (none) vs 0.49 ms (k=1, 4 requests), and a
-    # margin of 8% at c=4 kept the drafter off 60% of the steps where fixed k=1 measured
-    # 1.03-1.15x. At c=1 it is 2% as before (a flat 5% there cut dflash from 1.08x to 1.01x)
+    # margin for the noise of the estimates that picked them). Priced per request count, the model
+    # matches the steps it plans (c=4: committed 508 vs 490 expected, exec 7.07 vs 7.28 s priced),
+    # and a margin of 8% at c=4 kept the drafter off 60% of the steps where fixed k=1 measured
+    # 1.03-1.15x; at c=1 a flat 5% cut dflash from 1.08x to 1.01x
     MIN_GAIN = 0.02
     # of the drafter's cost correction and of the pooled profile's counts undone per skipped step
     # (``CalibratedCosts.relax``, ``DepthSurvival.relax``)
@@ -169,6 +166,8 @@ class Speculator:
             plan = promise[1]
             backlog_s = RealizedGain.steady_backlog_s(*self._backlog, plan.expected_committed)
             self.realized.observe(plan.seconds, seconds + self._propose_s + backlog_s)
+        if promise is None and decoded is not None and num_tokens == decoded[0]:
+            self.schedule.measured_plain_step(num_tokens, seconds)  # the base the gate prices
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -343,20 +342,14 @@ class Speculator:
         self.depth.relax(self.COST_RELAX)
 
     def _gate_survival(self, request: Request, num_positions: int) -> list[float]:
-        """The per-position survival the gate predicts a request's draft at. A drafter with
-        confidences says per request, after its call, how far each draft will survive
-        (calibrated), so before the call the gate needs only the drafter's pooled profile: a
-        request's own survival dips below break-even by chance (most one-token DSpark drafts
-        fail at c=1), and gating on it (as a 10-step running rate then) skipped steps where
-        drafting paid (c=1, 4 repeats paired: 1.045x vs 1.097x of no speculation, fixed k=2
-        1.11x). Without confidences (n-gram, DFlash) the request's own survival is all there is
-        of its text (copy-heavy or not), so it scales the profile, before the call and after it.
-        With confidences, times ``RealizedGain.survival_scale``: what the confidences
-        of recent calls kept of the gate's expectations once they cut the drafts. Without, the
-        survival the gate predicts is the one the plan after the call uses: no scale (one measured
-        on the steps' committed tokens learnt the same failures the profile and the request's
-        survival learn from, and a run of them put the gate at 0.15 where one-token drafts
-        survived 0.34 and paid 1.16x: code_edit, c=1)."""
+        """The per-position survival the gate predicts a request's draft at. With confidences
+        (they say per request, after the call, how far each draft survives) the drafter's pooled
+        profile times ``RealizedGain.survival_scale``, what recent calls' confidences kept of the
+        gate's expectations: gating on a request's own survival, which dips below break-even by
+        chance, skipped steps where drafting paid (c=1: 1.045x vs 1.097x). Without (n-gram,
+        DFlash) the request's own survival is all there is of its text, so it scales the profile,
+        before the call and after it, and no outcome-based scale is added (it learnt the failures
+        the profile and the request already learn: code_edit c=1 gated at 0.15 where 0.34 survived)."""
         if self.drafter.has_confidences:
             return self.depth.rates(num_positions, self.realized.survival_scale)
         return self.depth.rates(num_positions, self._scale(request))
@@ -374,7 +367,8 @@ class Speculator:
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
                                  base_extra_s=self.attend_s([(r, 1) for r in decoding])
-                                 + sum(self.fetch_s_per_position(r) for r in decoding))
+                                 + sum(self.fetch_s_per_position(r) for r in decoding),
+                                 base_s=self.schedule.plain_s(len(running)) if len(decoding) == len(running) else None)
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

@@ -15,6 +15,15 @@ cost drafting steps' gains (14 of 259 steps, ~1.5% of DFlash's throughput).
 gate asks only every ``REST_EVERY`` steps, and at once when the number of candidates changes;
 the steps between are skipped steps all the same (estimates relax, requests' evidence ages).
 At c=16, where nothing pays, asking cost 0.29 ms of a 59 ms step (0.5%) for the same answer.
+
+**The measured base.** The step table is profiled on one request and corrected by the steps it
+measures, in batch tokens alone; what a step costs per request (its sampling, its bookkeeping,
+attention's fixed part) is folded into it at whatever request counts ran. At c=16 chat, after
+the table had learnt from 16-request steps, it priced the plain 10-request step of a decode's tail
+at 55-63 ms where those steps took 50-51 (lockstep, DFlash): every draft there looked 10-20%
+better than it was, and the tail's drafting steps, promised x1.1-1.3, cost the decode 2-4%. So
+each plain step (every request decoding, no drafts: the steps the gate skips, and control steps)
+is kept per request count (``PLAIN_WEIGHT`` moving average), and the gate prices its base at it.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ class GateSchedule:
     CONTROL_WEIGHT = 0.5
     REST_AFTER = 8
     REST_EVERY = 4
+    PLAIN_WEIGHT = 0.2  # of the newest plain step in its request count's moving average
 
     def __init__(self):
         self.drafting_streak = 0  # drafting steps in a row since the last step without drafts
@@ -33,6 +43,16 @@ class GateSchedule:
         self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
         self._streak_sizes: set[int] = set()  # padded batch tokens the streak's drafting steps ran at
         self._asked_candidates = 0  # candidates when the gate last asked
+        self._plain_s: dict[int, float] = {}  # requests -> measured seconds of a plain step
+
+    def measured_plain_step(self, num_requests: int, seconds: float) -> None:
+        """A step in which ``num_requests`` requests decoded one token each, no drafts, took ``seconds``."""
+        old = self._plain_s.get(num_requests)
+        self._plain_s[num_requests] = seconds if old is None else old + self.PLAIN_WEIGHT * (seconds - old)
+
+    def plain_s(self, num_requests: int) -> float | None:
+        """The measured seconds of a plain step of ``num_requests`` requests (None: none measured)."""
+        return self._plain_s.get(num_requests)
 
     def control_due(self, padded_base: int) -> bool:
         """Whether the coming step (every running request decoding, its batch tokens without

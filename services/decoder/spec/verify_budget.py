@@ -286,7 +286,8 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
                       costs: CostTable | CalibratedCosts,
                       fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
                       min_gain: float = 0.0, draft_s_per_position: float = 0.0,
-                      attend_s_per_position: list[float] | None = None, base_extra_s: float = 0.0) -> DraftPlan:
+                      attend_s_per_position: list[float] | None = None, base_extra_s: float = 0.0,
+                      base_s: float | None = None) -> DraftPlan:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -305,7 +306,9 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     the estimates that picked them, and what the model leaves out). ``attend_s_per_position[r]``:
     the attention of one more query token of request r (``spec/attention_costs.py``; the table
     ``costs`` then prices the step without attention); ``base_extra_s``: what the step's tokens
-    without drafts cost beyond the table (their attention and host fetches)."""
+    without drafts cost beyond the table (their attention and host fetches). ``base_s``: the
+    measured seconds of the step without drafts, where known: every price is shifted by what it
+    differs from the table's (the table keeps the marginal seconds of the drafted positions)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     attend = attend_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
@@ -318,10 +321,12 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
             heapq.heappush(heap, (-conf[0] / price[r], r, 0))
     alive = [1.0] * len(confidences)
     lengths = [0] * len(confidences)
-    # position_s: the seconds the positions taken cost beyond the table's step (the base step's
-    # attention, their fetches and attention, the drafter's asks)
-    expected, tokens, position_s = float(committed_base), tokens_base, base_extra_s
+    # position_s: the seconds the step costs beyond the table's (the base step's attention and
+    # host fetches, or what the measured base differs by; the positions' fetches, attention and
+    # the drafter's asks)
+    expected, tokens = float(committed_base), tokens_base
     step_s = costs.seconds_at(tokens)
+    position_s = base_extra_s if base_s is None or base_s <= 0 else base_s - step_s
     base_rate = best_rate = expected / max(step_s + position_s, 1e-12)
     best = DraftPlan(list(lengths), expected, step_s + position_s, base_rate)
     # every position not taken yet could add at most its whole expectation, and a step with more
