@@ -138,8 +138,7 @@ class SettingRun:
         # warm-up: builds the weight copies of the GEMM kernels verify steps use (lazy, see model/linear.py)
         self.llm.generate([prompts[0]] * min(len(prompts), 4), SamplingParams(max_tokens=8))
         if self.llm.engine.speculator is not None:
-            # measured decodes start where a freshly started server does, not from what the
-            # warm-up's one prompt (and its steps that built the packs) taught the adaptive budget
+            # measured decodes start where a started server does, not from the warm-up's one prompt
             self.llm.engine.speculator.reset_estimates()
         self.rates: list[float] = []
         self.accepted = self.verify_steps = 0

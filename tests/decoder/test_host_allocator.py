@@ -32,7 +32,7 @@ PROBE = textwrap.dedent("""
     print(mapped)
 """)
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc tuning is Linux-only")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mallopt / mallinfo2 are glibc's: the tuning applies on Linux only")
 
 
 def _mapped_blocks(setup: str) -> int:

@@ -3,6 +3,7 @@ measure the base it compares drafting against, and the rest it takes while no dr
 
 import pytest
 
+from services.decoder.spec.gate_schedule import GateSchedule
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
 from tests.spec.test_realized_gain import _one_request_speculator
 from tests.spec.test_verify_budget_costs import _decoding_request
@@ -85,8 +86,6 @@ def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_
     gate's base is what they took and a drafted position costs what the table adds to it; a
     drafting step, a step with a prefill chunk and a step of another request count leave the
     one-request figure alone."""
-    from services.decoder.spec.gate_schedule import GateSchedule
-
     speculator, request, _ = _one_request_speculator()
     schedule = speculator.schedule
     assert schedule.plain_s(1) is None
@@ -99,6 +98,8 @@ def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_
     speculator.observe_step(1, 0.004, decoded=(1, 1))
     speculator.observe_step(1, 0.005, decoded=(1, 1))
     assert schedule.plain_s(1) == pytest.approx(0.004 + GateSchedule.PLAIN_WEIGHT * 0.001)
+    with pytest.raises(ValueError, match="positive"):
+        schedule.measured_plain_step(1, 0.0)
     # (the table learns from the same steps: its marginal second is its own, the base is measured)
     base_s, costs = schedule.plain_s(1), speculator.step_costs
     for survival in (0.99, 0.1):

@@ -293,7 +293,6 @@ def test_reset_estimates_returns_the_gate_to_what_a_freshly_built_speculator_pla
     assert used.step_costs.seconds_at(2) == fresh.step_costs.seconds_at(2)
     assert used.realized.token_calls == 0 and used.realized.factor == 1.0
     used.schedule.CONTROL_EVERY = fresh.schedule.CONTROL_EVERY
-    other = _decoding_request()
-    used.propose([other])
+    used.propose([_decoding_request()])
     fresh.propose([_decoding_request()])
     assert used.promise == fresh.promise and used.plan == fresh.plan

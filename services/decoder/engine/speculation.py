@@ -361,14 +361,16 @@ class Speculator:
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
         decoding = [r for r in running if r.num_pending_tokens == 1]
+        # the measured plain step where every request decodes; else the table + its attention, fetches
+        base_s = self.schedule.plain_s(len(running)) if len(decoding) == len(running) else None
+        base_extra_s = 0.0 if base_s is not None else (self.attend_s([(r, 1) for r in decoding])
+                                                      + sum(self.fetch_s_per_position(r) for r in decoding))
         return choose_draft_plan(confidences, committed_base=len(running), tokens_base=len(running),
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 base_extra_s=self.attend_s([(r, 1) for r in decoding])
-                                 + sum(self.fetch_s_per_position(r) for r in decoding),
-                                 base_s=self.schedule.plain_s(len(running)) if len(decoding) == len(running) else None)
+                                 base_extra_s=base_extra_s, base_s=base_s)
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

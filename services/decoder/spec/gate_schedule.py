@@ -47,6 +47,8 @@ class GateSchedule:
 
     def measured_plain_step(self, num_requests: int, seconds: float) -> None:
         """A step in which ``num_requests`` requests decoded one token each, no drafts, took ``seconds``."""
+        if seconds <= 0:
+            raise ValueError(f"a plain step's duration must be positive, not {seconds}")
         old = self._plain_s.get(num_requests)
         self._plain_s[num_requests] = seconds if old is None else old + self.PLAIN_WEIGHT * (seconds - old)
 

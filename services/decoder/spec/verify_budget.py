@@ -307,8 +307,9 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     the attention of one more query token of request r (``spec/attention_costs.py``; the table
     ``costs`` then prices the step without attention); ``base_extra_s``: what the step's tokens
     without drafts cost beyond the table (their attention and host fetches). ``base_s``: the
-    measured seconds of the step without drafts, where known: every price is shifted by what it
-    differs from the table's (the table keeps the marginal seconds of the drafted positions)."""
+    measured seconds of the step without drafts, where known (it replaces ``base_extra_s``): every
+    price is shifted by what it differs from the table's (the table keeps the marginal seconds of
+    the drafted positions)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     attend = attend_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
@@ -326,7 +327,7 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     # the drafter's asks)
     expected, tokens = float(committed_base), tokens_base
     step_s = costs.seconds_at(tokens)
-    position_s = base_extra_s if base_s is None or base_s <= 0 else base_s - step_s
+    position_s = base_extra_s if base_s is None else base_s - step_s
     base_rate = best_rate = expected / max(step_s + position_s, 1e-12)
     best = DraftPlan(list(lengths), expected, step_s + position_s, base_rate)
     # every position not taken yet could add at most its whole expectation, and a step with more
