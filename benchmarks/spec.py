@@ -1,10 +1,7 @@
 """Speculative decoding: acceptance and speed per drafter vs no speculation, one run.
 
-Prompt kinds (held-out, built in; none were used to tune anything):
-- ``code_edit``: a function plus an instruction to rename a variable (copy-heavy);
-- ``chat``: short open questions in the chat template (4 hand-written, then the drafters'
-  held-out split);
-- ``long_doc_qa``: a ~4K-token document of standard-library source and a question about it.
+Prompt kinds (held-out, built in: ``benchmarks/spec_prompts.py``): ``code_edit`` (copy-heavy),
+``chat`` and ``long_doc_qa`` (a 4K-8K-token document and a question about it).
 For each kind and concurrency (1, 4, 16 requests at once) and each setting (no speculation,
 n-gram with 4 and 8 draft tokens), greedy decoding of ``--max-tokens`` tokens: aggregate output
 tokens/s (over the summed wall time of the engine steps that decode the batch, prefill
@@ -19,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import functools
 import gc
 import statistics
-import sysconfig
 import time
 from pathlib import Path
 
@@ -31,65 +26,9 @@ import torch
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.plotting import pyplot
 from benchmarks.progress import echo, progress
+from benchmarks.spec_prompts import build_prompts
 from benchmarks.spec_targets import paired_ratios, spec_targets, speedup
 from services.decoder.spec.drafter import SPEC_METHODS
-
-CODE_SNIPPET = '''def merge_intervals(intervals):
-    """Merge overlapping [start, end] intervals and return them sorted."""
-    ordered = sorted(intervals, key=lambda pair: pair[0])
-    merged = []
-    for start, end in ordered:
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-'''
-
-CHAT_QUESTIONS = [
-    "What are three good habits for learning a new language?",
-    "Explain what a hash table is to a beginner.",
-    "Give me a short plan for a rainy Sunday.",
-    "Why do leaves change color in autumn?",
-]
-
-
-@functools.cache
-def _heldout_chats() -> tuple[str, ...]:
-    """The drafters' held-out chat prompts (``spec/training/prompts.py``: topics no training
-    prompt has), built once."""
-    from services.decoder.spec.training.prompts import chat_prompts
-
-    return tuple(p.text for p in chat_prompts() if p.split == "heldout")
-
-
-def _heldout_chat(index: int) -> str:
-    """Chat prompt ``index`` beyond the hand-written ones, spread over the held-out topics and
-    templates (a stride coprime with their number: distinct for every index below it)."""
-    held = _heldout_chats()
-    return held[(index * 37) % len(held)]
-
-
-def build_prompts(tokenizer, kind: str, count: int) -> list[list[int]]:
-    def chat(content: str) -> list[int]:
-        return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": content}]),
-                                add_special_tokens=False)
-
-    prompts = []
-    for i in range(count):
-        if kind == "code_edit":
-            content = f"Rewrite this function, renaming `ordered` to `by_start{i}`. Output only code.\n\n{CODE_SNIPPET}"
-        elif kind == "chat":
-            content = CHAT_QUESTIONS[i] if i < len(CHAT_QUESTIONS) else _heldout_chat(i - len(CHAT_QUESTIONS))
-        elif kind == "long_doc_qa":
-            source = Path(sysconfig.get_paths()["stdlib"], ["textwrap.py", "shlex.py", "bisect.py", "glob.py"][i % 4])
-            doc_ids = tokenizer.encode(source.read_text())[:3800]
-            content = tokenizer.decode(doc_ids) + "\n\nQuestion: list the names of the functions defined above."
-        else:
-            raise ValueError(kind)
-        prompts.append(chat(content))
-    return prompts
-
 
 DEFAULT_SETTINGS = "none,ngram:4,ngram:8,ngram:8:adaptive"
 SPARSE = dict(attention="sparse", top_k_tokens=1024, sink_pages=1, recent_pages=2)

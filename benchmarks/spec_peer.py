@@ -29,7 +29,8 @@ from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.peers.transformers_hf import greedy, load_transformers
 from benchmarks.plotting import pyplot
 from benchmarks.progress import echo
-from benchmarks.spec import build_prompts, parse_settings, run_settings
+from benchmarks.spec import parse_settings, run_settings
+from benchmarks.spec_prompts import build_prompts
 
 
 def _strip_eos(ids: list[int], eos: tuple[int, ...]) -> list[int]:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from benchmarks.machine import machine_info, results_dir, write_json
 from benchmarks.progress import echo
-from benchmarks.spec import SettingRun, build_prompts, parse_settings, repeat_runs
+from benchmarks.spec import SettingRun, parse_settings, repeat_runs
+from benchmarks.spec_prompts import build_prompts
 from benchmarks.spec_targets import speedup
 from services.decoder.engine.scheduler import ScheduledRequest
 

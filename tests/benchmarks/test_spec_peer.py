@@ -5,7 +5,7 @@ import json
 from benchmarks import spec_peer
 from benchmarks.peers.transformers_hf import greedy
 from benchmarks.report import build
-from benchmarks.spec import build_prompts
+from benchmarks.spec_prompts import build_prompts
 
 
 def test_both_engines_side_by_side_on_a_copy_prompt(loaded_model, hf_oracle):

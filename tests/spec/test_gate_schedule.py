@@ -83,28 +83,62 @@ def test_after_a_run_of_skipped_steps_the_gate_asks_every_few_steps_and_at_once_
 
 def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_them():
     """The table says 10 ms for any step; plain one-request steps take 4 ms. Once measured, the
-    gate's base is what they took and a drafted position costs what the table adds to it; a
-    drafting step, a step with a prefill chunk and a step of another request count leave the
-    one-request figure alone."""
+    gate's base is what they took (at the machine's speed then and now) and a drafted position
+    costs what the table adds to it; a drafting step, a step with a prefill chunk and a step of
+    another request count leave the one-request figure alone."""
     speculator, request, _ = _one_request_speculator()
     schedule = speculator.schedule
-    assert schedule.plain_s(1) is None
+
+    def speed():
+        return speculator.step_costs.speed
+
+    assert schedule.plain_s(1, speed()) is None
     speculator.propose([request])
     assert speculator.promise.base_rate == pytest.approx(100.0) and speculator.promise.seconds == pytest.approx(0.010)
     speculator.observe_step(2, 0.012, decoded=(1, 2))  # a drafting step
     speculator.observe_step(40, 0.2, decoded=None)  # a prefill chunk ran in the pass
+    at_two = speed()
     speculator.observe_step(2, 0.009, decoded=(2, 2))  # two requests decoding
-    assert schedule.plain_s(1) is None and schedule.plain_s(2) == pytest.approx(0.009)
-    speculator.observe_step(1, 0.004, decoded=(1, 1))
-    speculator.observe_step(1, 0.005, decoded=(1, 1))
-    assert schedule.plain_s(1) == pytest.approx(0.004 + GateSchedule.PLAIN_WEIGHT * 0.001)
-    with pytest.raises(ValueError, match="positive"):
-        schedule.measured_plain_step(1, 0.0)
+    assert schedule.plain_s(1, speed()) is None and schedule.plain_s(2, at_two) == pytest.approx(0.009)
+    first, at_first = 0.004, speed()
+    speculator.observe_step(1, first, decoded=(1, 1))
+    second, at_second = 0.005, speed()
+    speculator.observe_step(1, second, decoded=(1, 1))
+    # (the speed fell after the 4 ms step that the 10 ms table priced: 5 ms at the speed then is
+    # more than PLAIN_MAX_JUMP off the first, and counts as that)
+    first, second = first / at_first, min(second / at_second, first / at_first * GateSchedule.PLAIN_MAX_JUMP)
+    assert second < 0.005 / at_second
+    kept = first + GateSchedule.PLAIN_WEIGHT * (second - first)
+    assert schedule.plain_s(1, 1.0) == pytest.approx(kept)
     # (the table learns from the same steps: its marginal second is its own, the base is measured)
-    base_s, costs = schedule.plain_s(1), speculator.step_costs
+    base_s, costs = schedule.plain_s(1, speed()), speculator.step_costs
     for survival in (0.99, 0.1):
         plan = speculator._plan([request], [request], [[survival]])
         assert plan.base_rate == pytest.approx(1 / base_s)
         n = plan.lengths[0]
         assert plan.seconds == pytest.approx(base_s + costs.seconds_at(1 + n) - costs.seconds_at(1))
     assert plan.lengths == [0]
+
+
+def test_the_kept_base_follows_the_machine_speed_and_a_slow_spell_does_not_stay_in_it():
+    """Plain 16-request steps take 70 ms; in a slow spell (every engine's steps 2x slower, the
+    tables' speed catching up over the spell) plain steps take 140 ms; after it the machine is
+    back at speed 1. Kept in seconds, the base stayed near the spell's (the gate then drafted
+    and measured no plain step to correct it); kept at the speed of its measurement, it reads
+    what a plain step takes now. One outlier moves it at most ``PLAIN_MAX_JUMP``."""
+    schedule = GateSchedule()
+    schedule.measured_plain_step(16, 0.070, speed=1.0)
+    assert schedule.plain_s(16, 1.0) == pytest.approx(0.070)
+    assert schedule.plain_s(16, 1.5) == pytest.approx(0.105)  # the machine 50% slower now
+    for step in range(12):  # the spell: 140 ms steps while the speed climbs from 1.1 to 2
+        schedule.measured_plain_step(16, 0.140, speed=min(1.1 + 0.1 * step, 2.0))
+    assert schedule.plain_s(16, 1.0) < 1.15 * 0.070
+    assert schedule.plain_s(16, 2.0) > 0.140 * 0.5  # and in the spell, the spell's seconds
+    outlier = GateSchedule()
+    outlier.measured_plain_step(4, 0.040, speed=1.0)
+    outlier.measured_plain_step(4, 0.400, speed=1.0)  # one preempted step
+    jump = 0.040 * GateSchedule.PLAIN_MAX_JUMP
+    assert outlier.plain_s(4, 1.0) == pytest.approx(0.040 + GateSchedule.PLAIN_WEIGHT * (jump - 0.040))
+    for seconds, speed in ((0.0, 1.0), (0.04, 0.0)):
+        with pytest.raises(ValueError, match="positive"):
+            outlier.measured_plain_step(4, seconds, speed)
