@@ -167,7 +167,7 @@ class Speculator:
             backlog_s = RealizedGain.steady_backlog_s(*self._backlog, plan.expected_committed)
             self.realized.observe(plan.seconds, seconds + self._propose_s + backlog_s)
         if promise is None and decoded is not None and num_tokens == decoded[0]:
-            self.schedule.measured_plain_step(num_tokens, seconds, self.step_costs.speed)  # the gate's base
+            self.schedule.measured_plain_step(num_tokens, seconds)  # the base the gate prices
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -361,11 +361,11 @@ class Speculator:
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
         decoding = [r for r in running if r.num_pending_tokens == 1]
-        # the measured plain step where every request decodes; else the table + its attention, fetches
-        base_s = (self.schedule.plain_s(len(running), self.step_costs.speed)
+        # the base step's attention and fetches beyond the table; where every request decodes, the
+        # measured plain step (at most the table's price: ``GateSchedule.plain_s``) instead
+        base_extra_s = self.attend_s([(r, 1) for r in decoding]) + sum(self.fetch_s_per_position(r) for r in decoding)
+        base_s = (self.schedule.plain_s(len(running), self.step_costs.seconds_at(len(running)) + base_extra_s)
                   if len(decoding) == len(running) else None)
-        base_extra_s = 0.0 if base_s is not None else (self.attend_s([(r, 1) for r in decoding])
-                                                      + sum(self.fetch_s_per_position(r) for r in decoding))
         return choose_draft_plan(confidences, committed_base=len(running), tokens_base=len(running),
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,

@@ -24,12 +24,15 @@ at 55-63 ms where those steps took 50-51 (lockstep, DFlash): every draft there l
 better than it was, and the tail's drafting steps, promised x1.1-1.3, cost the decode 2-4%. So
 each plain step (every request decoding, no drafts: the steps the gate skips, and control steps)
 is kept per request count (``PLAIN_WEIGHT`` moving average), and the gate prices its base at it.
-It is kept in the machine's speed of when it was measured (``MachineSpeed``, the tables'): a base
-kept in seconds stayed at a slow spell's when the gate then drafted and no plain step came to
-correct it. At c=16 on sparse chat, plain 16-request steps took 70 ms; a spell of 90-150 ms steps
-(in every engine of the lockstep run) lifted the kept base to 107 ms, and the gate went on
-drafting at a promised x1.1 where its steps ran at 0.8 of the base. A measurement also counts as
-at most ``PLAIN_MAX_JUMP`` off the figure it updates (one preempted step is not a base).
+A measured base above the table's price of the same step is not trusted over it: kept in
+seconds, the base stayed at a slow spell's when the gate then drafted and no plain step came to
+correct it (c=16 sparse chat: plain 16-request steps took 70 ms; a spell of 90-150 ms steps, in
+every engine of the lockstep run, lifted the kept base to 107 ms and the gate drafted at a
+promised x1.1 where its steps ran at 0.8 of the base: 0.935 of no speculation), and kept at the
+machine speed of its measurement instead, it rose with that speed, which drafting steps raise
+too (dense c=16: 0.96-0.98 where the seconds base read 1.00). The table follows the machine,
+and a base priced low only makes drafting look worse. A measurement also counts as at most
+``PLAIN_MAX_JUMP`` off the figure it updates (one preempted step is not a base).
 """
 
 from __future__ import annotations
@@ -50,25 +53,24 @@ class GateSchedule:
         self.num_skipped_steps = 0  # steps with candidates where no draft could pay for the drafter
         self._streak_sizes: set[int] = set()  # padded batch tokens the streak's drafting steps ran at
         self._asked_candidates = 0  # candidates when the gate last asked
-        # requests -> measured seconds of a plain step over the machine's speed then
-        self._plain_at_speed_1: dict[int, float] = {}
+        self._plain_s: dict[int, float] = {}  # requests -> measured seconds of a plain step
 
-    def measured_plain_step(self, num_requests: int, seconds: float, speed: float) -> None:
-        """A step in which ``num_requests`` requests decoded one token each, no drafts, took
-        ``seconds`` while the machine ran at ``speed`` (``MachineSpeed.value``)."""
-        if seconds <= 0 or speed <= 0:
-            raise ValueError(f"a plain step's duration and speed must be positive, not {seconds}, {speed}")
-        measured, old = seconds / speed, self._plain_at_speed_1.get(num_requests)
+    def measured_plain_step(self, num_requests: int, seconds: float) -> None:
+        """A step in which ``num_requests`` requests decoded one token each, no drafts, took ``seconds``."""
+        if seconds <= 0:
+            raise ValueError(f"a plain step's duration must be positive, not {seconds}")
+        old = self._plain_s.get(num_requests)
         if old is None:
-            self._plain_at_speed_1[num_requests] = measured
+            self._plain_s[num_requests] = seconds
             return
-        measured = min(max(measured, old / self.PLAIN_MAX_JUMP), old * self.PLAIN_MAX_JUMP)
-        self._plain_at_speed_1[num_requests] = old + self.PLAIN_WEIGHT * (measured - old)
+        seconds = min(max(seconds, old / self.PLAIN_MAX_JUMP), old * self.PLAIN_MAX_JUMP)
+        self._plain_s[num_requests] = old + self.PLAIN_WEIGHT * (seconds - old)
 
-    def plain_s(self, num_requests: int, speed: float) -> float | None:
-        """The seconds a plain step of ``num_requests`` requests takes at ``speed`` (None: none measured)."""
-        measured = self._plain_at_speed_1.get(num_requests)
-        return None if measured is None else measured * speed
+    def plain_s(self, num_requests: int, priced_s: float) -> float | None:
+        """The seconds of a plain step of ``num_requests`` requests: the measured figure, at most
+        ``priced_s`` (the table's price of it now); None: none measured."""
+        measured = self._plain_s.get(num_requests)
+        return None if measured is None else min(measured, priced_s)
 
     def control_due(self, padded_base: int) -> bool:
         """Whether the coming step (every running request decoding, its batch tokens without
