@@ -99,7 +99,9 @@ def test_observation_is_projected_only_when_the_request_drafts(monkeypatch):
     steps = [(0, 3), (3, 4), (4, 5), (5, 9), (2, 4), (4, 30), (30, 31)]  # (2, 4): a jump back
     for start, end in steps:
         lazy.observe("r", start, features[start:end])
-    assert calls == [] and lazy.pending["r"].num_rows <= 2 * cfg.context_window
+    assert calls == [] and len(lazy._unstored) == len(steps)  # fewer than OBSERVE_EVERY: kept whole
+    lazy._store()
+    assert calls == [] and lazy.pending.num_rows("r") == cfg.context_window
     for start, end in steps:
         eager.observe("r", start, features[start:end])
         eager.context("r")
@@ -111,7 +113,40 @@ def test_observation_is_projected_only_when_the_request_drafts(monkeypatch):
     assert a.end == b.end == 31 and torch.equal(a.slot_pos, b.slot_pos)
     torch.testing.assert_close(a.k, b.k, rtol=0, atol=1e-6)  # GEMM over 6 rows vs 1: rounding only
     lazy.release("r")
-    assert lazy.pending == {} and lazy.contexts == {}
+    assert lazy.pending.held == {} and lazy.contexts == {}
+
+
+def test_steps_observed_together_equal_observing_each_alone():
+    """``observe_batch`` keeps a few steps whole and stores their rows for all their requests in
+    one copy: the rings end as observing request by request, step by step, would (a chunk longer
+    than the window, a jump back inside the kept steps, a read before the kept steps were stored)."""
+    cfg = small_config("dflash")
+    net = random_net(cfg, seed=8)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    batched, alone = DFlashDrafter(net, embed, embed), DFlashDrafter(net, embed, embed)
+    batched.OBSERVE_EVERY = 3
+    torch.manual_seed(9)
+    window = cfg.context_window
+    steps = [[("a", 0, 3), ("b", 0, window + 5)], [("a", 3, 1), ("b", window + 5, 2), ("c", 0, 1)],
+             [("a", 4, 2), ("b", 2, 3), ("c", 1, 1)],  # b jumps back to position 2
+             [("a", 6, 1), ("b", 5, 1)], [("a", 7, 1), ("c", 2, 2)]]
+    for number, step in enumerate(steps):
+        features = torch.randn(sum(n for *_, n in step) + 1, cfg.feature_size)  # + a rejected draft's row
+        items, row = [], 0
+        for request_id, start, n in step:
+            items.append((request_id, start, row, n))
+            row += n
+        batched.observe_batch(features, items)
+        for request_id, start, row, n in items:
+            alone.observe(request_id, start, features[row : row + n])
+        assert len(batched._unstored) == (number + 1) % batched.OBSERVE_EVERY
+    assert batched.pending.num_rows("a") == 6  # the first three steps' rows; the last two wait
+    for request_id, end in (("a", 8), ("b", 6), ("c", 4)):
+        a, b = batched.context(request_id), alone.context(request_id)
+        assert a.end == b.end == end and torch.equal(a.slot_pos, b.slot_pos)
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    batched.release("a")
+    assert batched.contexts.keys() == {"b", "c"} and batched.pending.held == {}
 
 
 @pytest.mark.parametrize("kind", KINDS)

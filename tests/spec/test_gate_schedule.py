@@ -58,13 +58,14 @@ def test_after_a_run_of_skipped_steps_the_gate_asks_every_few_steps_and_at_once_
     """A drafter whose drafts never pay (400 failed ones): the gate skips every step. After
     REST_AFTER skipped steps it prices a plan every REST_EVERY steps only; the steps
     between are skipped steps all the same (the estimates relax, the requests' evidence ages).
-    A second request arriving makes it ask at once."""
+    A second request arriving makes it ask at once. After REST_LONG_AFTER skipped steps it asks
+    every REST_LONG_EVERY steps."""
     speculator, request, drafter = _one_request_speculator()
     for _ in range(400):
         speculator.depth.observe(1, 0)
     plans = []
     worth = speculator._worth_the_drafter
-    speculator._worth_the_drafter = lambda *args: plans.append(1) or worth(*args)
+    speculator._worth_the_drafter = lambda *args: plans.append(speculator.schedule.skipped_streak) or worth(*args)
     steps = speculator.schedule.REST_AFTER + 3 * speculator.schedule.REST_EVERY + 1  # asks at the last
     for _ in range(steps):
         speculator.propose([request])
@@ -79,6 +80,14 @@ def test_after_a_run_of_skipped_steps_the_gate_asks_every_few_steps_and_at_once_
     other.request_id = "r2"
     speculator.propose([request, other])  # two candidates where the gate last saw one: it asks
     assert len(plans) == speculator.schedule.REST_AFTER + 5
+    schedule = speculator.schedule
+    asked = len(plans)
+    for _ in range(schedule.REST_LONG_AFTER + 3 * schedule.REST_LONG_EVERY - schedule.skipped_streak):
+        speculator.depth.observe(1, 0)  # fresh failures (the relaxed evidence would try a draft)
+        speculator.propose([request, other])
+    long_rest = [streak for streak in plans[asked:] if streak >= schedule.REST_LONG_AFTER]
+    assert drafter.calls == 0 and long_rest == [64, 80, 96]
+    assert all(streak % schedule.REST_EVERY == 0 for streak in plans[asked:])
 
 
 def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_them():

@@ -388,11 +388,8 @@ class Speculator:
         ``first_row[request_id]`` on. One drafter call for all of them."""
         if features is None:
             return
-        items = []
-        for request, start in committed:
-            row = first_row[request.request_id]
-            items.append((request.request_id, start, features[row : row + request.num_computed_tokens - start]))
-        self.drafter.observe_batch(items)
+        self.drafter.observe_batch(features, [(r.request_id, start, first_row[r.request_id], r.num_computed_tokens - start)
+                                              for r, start in committed])
 
     def release(self, request: Request) -> None:
         self._confidences.pop(request.request_id, None)

@@ -55,10 +55,13 @@ class Drafter(ABC):
         """``features: [n, len(feature_layers) * hidden]``: the target's hidden states after each
         of ``feature_layers`` at the committed positions ``start .. start + n``."""
 
-    def observe_batch(self, items: list[tuple[str, int, torch.Tensor]]) -> None:
-        """``observe`` for every (request id, start, features) of a step; drafters may batch it."""
-        for request_id, start, features in items:
-            self.observe(request_id, start, features)
+    def observe_batch(self, features: torch.Tensor, items: list[tuple[str, int, int, int]]) -> None:
+        """``observe`` for every request of a step: ``features``, the step's, and ``items``: (request
+        id, start, first row, number of rows), the rows of its positions ``start ..``; drafters may
+        batch it. ``features`` is a tensor the step made for this call (the engine never writes it
+        again), so a drafter may keep it instead of copying."""
+        for request_id, start, first_row, num_rows in items:
+            self.observe(request_id, start, features[first_row : first_row + num_rows])
 
     def prepare(self, request_ids: list[str]) -> int:
         """Brings the requests' draft context up to date with what they observed (a drafter that

@@ -7,10 +7,10 @@ tiered KV is what carries the long context. One forward pass drafts a block for 
 of the step at once.
 
 Observation is lazy: ``observe`` only keeps the committed positions' target features (at most
-``window`` rows per request, the ones the ring would keep); they are projected into the ring
-when the request next drafts (``propose_batch``, all pending requests in one pass). While the
-adaptive verify budget finds that no draft pays, the drafter then costs a copy of a feature
-row per token, not a pass through its context projection.
+``window`` rows per request, the ones the ring would keep: ``PendingFeatures``); they are
+projected into the ring when the request next drafts (``propose_batch``, all pending requests in
+one pass). While the adaptive verify budget finds that no draft pays, the drafter then costs one
+copy of the step's committed feature rows, not a pass through its context projection.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from services.decoder.spec.dflash.checkpoint import (
 from services.decoder.spec.dflash.config import DraftCheckpointError
 from services.decoder.spec.dflash.layers import pack_linears
 from services.decoder.spec.dflash.model import DraftContext, DraftNet
+from services.decoder.spec.dflash.pending_features import PendingFeatures
 from services.decoder.spec.drafter import Draft, Drafter, DraftRequest
 from services.decoder.spec.verify_budget import survival_from_acceptance_length
 
@@ -50,6 +51,9 @@ def shipped_checkpoint(kind: str) -> Path:
 
 
 class DFlashDrafter(Drafter):
+    OBSERVE_EVERY = 8  # steps whose features are kept whole before ``pending`` takes their rows
+    OBSERVE_ROWS = 512  # ... or fewer steps when their features reach this many rows
+
     def __init__(self, net: DraftNet, embed: torch.Tensor, lm_head: torch.Tensor, vocab: torch.Tensor | None = None,
                  gemm_dtype: torch.dtype | None = None, gemm_plan: GemmPlan | None = None,
                  target_head: Linear | None = None):
@@ -81,7 +85,9 @@ class DFlashDrafter(Drafter):
         self.feature_layers = tuple(net.cfg.target_layer_ids)
         self.dtype = net.fc.weight.dtype
         self.contexts: dict[str, DraftContext] = {}
-        self.pending: dict[str, _Pending] = {}  # observed features not yet in the ring
+        self.pending = PendingFeatures(net.cfg.context_window)  # observed features not yet in the ring
+        self._unstored: list[tuple[torch.Tensor, list]] = []  # steps observed, not yet in ``pending``
+        self._unstored_rows = 0
 
     @classmethod
     def from_checkpoint(cls, directory: str | Path, target, expected_kind: str,
@@ -111,23 +117,44 @@ class DFlashDrafter(Drafter):
         return self.cfg.block_size - 1
 
     def observe(self, request_id: str, start: int, features: torch.Tensor) -> None:
-        self.observe_batch([(request_id, start, features)])
+        self.observe_batch(features, [(request_id, start, 0, len(features))])
 
-    def observe_batch(self, items: list[tuple[str, int, torch.Tensor]]) -> None:
-        window = self.cfg.context_window
-        for request_id, start, features in items:
+    def observe_batch(self, features: torch.Tensor, items: list[tuple[str, int, int, int]]) -> None:
+        """Keeps the step's ``features`` (a tensor the step made: the model's concatenated
+        capture) as they are; the store takes their committed rows every ``OBSERVE_EVERY`` steps
+        (or ``OBSERVE_ROWS`` rows), or before anything reads it. After a step's forward every
+        Python and tensor operation runs cold (a 16-item loop and a copy took ~230 us there against
+        ~40 alone), so one pass per few steps, not per step, is what a resting drafter costs."""
+        self._unstored.append((features, items))
+        self._unstored_rows += len(features)
+        if len(self._unstored) >= self.OBSERVE_EVERY or self._unstored_rows >= self.OBSERVE_ROWS:
+            self._store()
+
+    def _store(self) -> None:
+        """Hands the kept steps' committed rows to ``pending`` (one copy for all of them)."""
+        steps, self._unstored, self._unstored_rows = self._unstored, [], 0
+        if not steps:
+            return
+        if len(steps) == 1:
+            features, items = steps[0]
+        else:
+            features, items, base = torch.cat([f for f, _ in steps]), [], 0
+            for step_features, step_items in steps:
+                items.extend((request_id, start, base + row, n) for request_id, start, row, n in step_items)
+                base += len(step_features)
+        observed, ends = [], {}
+        for request_id, start, first_row, num_rows in items:
             context = self.contexts.get(request_id)
             if context is None:
                 context = self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
-            if not len(features):
+            if not num_rows:
                 continue
-            held = self.pending.get(request_id)
-            expected = context.end if held is None else held.end
-            if start != expected:
+            end = ends[request_id] if request_id in ends else self.pending.end(request_id)
+            if start != (context.end if end is None else end):
                 context.end = -1  # a jump (recompute, resume): the ring is rebuilt at the flush
-            if held is None or start != expected:
-                held = self.pending[request_id] = _Pending(start)
-            held.add(features, window)
+            ends[request_id] = start + num_rows
+            observed.append((request_id, start, first_row, num_rows))
+        self.pending.add_step(features, observed)
 
     def context(self, request_id: str) -> DraftContext:
         """The request's ring with every observed position in it (flushes what is pending)."""
@@ -140,23 +167,26 @@ class DFlashDrafter(Drafter):
     def _flush(self, request_ids: list[str]) -> int:
         """Projects the requests' pending features into their rings; returns the positions
         projected (the ring keeps at most its window of each)."""
+        self._store()
         items = []
         for request_id in request_ids:
-            held = self.pending.pop(request_id, None)
+            held = self.pending.take(request_id)
             if held is not None:
-                items.append((self.contexts[request_id], *held.rows()))
+                items.append((self.contexts[request_id], *held))
         if items:
             with torch.inference_mode():
                 DraftContext.append_all(self.net, items)
         return sum(min(len(rows), context.slot_pos.shape[0]) for context, _, rows in items)
 
     def release(self, request_id: str) -> None:
+        self._store()
         self.contexts.pop(request_id, None)
-        self.pending.pop(request_id, None)
+        self.pending.drop(request_id)
 
     @torch.inference_mode()
     def propose_batch(self, requests: list[DraftRequest]) -> list[Draft]:
         drafts = [Draft([]) for _ in requests]
+        self._store()
         rows = [i for i, r in enumerate(requests) if r.max_tokens > 0 and r.request_id in self.contexts]
         if not rows:
             return drafts
@@ -184,29 +214,3 @@ class DFlashDrafter(Drafter):
             n = min(requests[i].max_tokens, size - 1)
             drafts[i] = Draft(tokens[row, :n].tolist(), None if confidences is None else confidences[row, :n].tolist())
         return drafts
-
-
-class _Pending:
-    """One request's observed, not yet projected features: contiguous positions up to ``end``,
-    at most about ``2 * window`` rows (the ring keeps the last ``window`` anyway)."""
-
-    def __init__(self, start: int):
-        self.end = start
-        self.chunks: list[torch.Tensor] = []
-        self.num_rows = 0
-
-    def add(self, features: torch.Tensor, window: int) -> None:
-        """Appends ``features: [n, feature_size]`` (copied: the step's tensor is not kept alive)."""
-        self.end += len(features)
-        if len(features) >= window:
-            self.chunks, self.num_rows = [features[-window:].clone()], window
-            return
-        self.chunks.append(features.clone())
-        self.num_rows += len(features)
-        if self.num_rows > 2 * window:
-            self.chunks, self.num_rows = [torch.cat(self.chunks)[-window:]], window
-
-    def rows(self) -> tuple[int, torch.Tensor]:
-        """``(start, [n, feature_size])``: the kept rows, positions ``start .. end``."""
-        rows = torch.cat(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
-        return self.end - len(rows), rows
