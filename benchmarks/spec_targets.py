@@ -5,6 +5,7 @@ per-repeat ``tokens_per_s_runs``."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from services.decoder.spec.drafter import LEARNED_DRAFTERS
@@ -68,14 +69,26 @@ def versus_best_fixed(row: dict, rows: list[dict]) -> tuple[dict, float] | None:
 
 
 def aa_band(row: dict, rows: list[dict]) -> float:
-    """How far from 1 an A/A control of ``row``'s group reads: a second ``none`` setting in the
+    """How far below 1 an adaptive row of ``row``'s group may read and still count as no slower
+    than no speculation: the noise of the run's A/A control, a second ``none`` setting in the
     same run (``--settings none,...,none``), whose speedup over the first is the same statistic as
-    every other row's with nothing to measure but noise. 0 when the run has none. An adaptive
-    budget that keeps its drafter off reads as none plus its gate; at c=16 on dense chat, the
-    drafters' adaptive rows read 0.998-1.001 over 4 lockstep repeats where identical engines read
-    0.99-1.02 repeat by repeat, so a strict ``>= 1`` called noise a failure."""
+    every other row's with nothing to measure but noise. 0 when the run has none.
+
+    The band is the larger of the A/A's distance from 1 and two standard errors of a median of
+    its paired repeat ratios (``1.2533 * stdev / sqrt(repeats)``). The distance alone is one
+    draw of that noise: an adaptive engine identical to none reads below 1 - |A/A - 1| one run in
+    four, and an A/A that lands on 1.000 (dense chat c=16: repeats 0.998-1.003) called a
+    never-drafting engine at 0.998 slower than none. At c=16 on dense chat, the drafters'
+    adaptive rows read 0.998-1.001 over 4 lockstep repeats where identical engines read 0.99-1.02
+    repeat by repeat, so a strict ``>= 1`` called noise a failure."""
     nones = [r for r in rows if r["spec"] == "none" and _group(r) == _group(row)]
-    return max((abs(1.0 - r["speedup_vs_none"]) for r in nones[1:]), default=0.0)
+    band = 0.0
+    for control in nones[1:]:
+        band = max(band, abs(1.0 - control["speedup_vs_none"]))
+        repeats = control.get("speedup_runs") or []
+        if len(repeats) >= 2:
+            band = max(band, 2 * 1.2533 * statistics.stdev(repeats) / math.sqrt(len(repeats)))
+    return band
 
 
 def adaptive_targets(rows: list[dict]) -> dict[str, bool]:

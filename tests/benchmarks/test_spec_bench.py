@@ -168,6 +168,25 @@ def test_never_below_none_allows_what_the_same_runs_a_a_control_reads_and_no_mor
     assert targets.aa_band(c16[1], c16[:2]) == 0.0
 
 
+def test_the_a_a_band_is_at_least_two_standard_errors_of_the_controls_repeats():
+    """An A/A whose median lands on 1.000 while its repeats read 0.998-1.003 is no proof of zero
+    noise: the band is two standard errors of a median of its 4 paired ratios (0.0034), so a row
+    at 0.997 passes and one at 0.995 fails; a control that reads far from 1 keeps its distance."""
+    def row(spec, c, speedup, runs):
+        return {"spec": spec, "verify_budget": "adaptive" if spec != "none" else "fixed", "attention": "dense",
+                "kind": "chat", "concurrency": c, "tokens_per_s": 30.0 * speedup, "speedup_vs_none": speedup,
+                "speedup_runs": runs}
+
+    aa = row("none", 16, 1.0005, [0.9985, 0.9981, 1.0025, 1.0034])
+    rows = [row("none", 16, 1.0, [1.0] * 4), row("dspark", 16, 0.997, None), aa]
+    assert targets.aa_band(rows[1], rows) == pytest.approx(2 * 1.2533 * 0.002715 / 2, rel=0.01)  # stdev 0.0027
+    assert targets.adaptive_targets(rows)["dspark_adaptive_never_below_none"] is True
+    rows[1] = row("dspark", 16, 0.995, None)
+    assert targets.adaptive_targets(rows)["dspark_adaptive_never_below_none"] is False
+    far = row("none", 16, 0.990, [0.9899, 0.9901, 0.9900])
+    assert targets.aa_band(rows[1], rows[:2] + [far]) == pytest.approx(0.010)
+
+
 def test_a_paired_speedup_is_the_median_of_per_repeat_ratios():
     """Interleaved repeats: repeat i of each setting ran back to back, so the ratios pair up. A
     machine that got 1.5x faster between the two repeats: paired ratios 1.05 and 1.05 -> 1.05;
