@@ -3,12 +3,11 @@ is lazy, the ring is filled when a request next drafts).
 
 Every request's pending rows live in one buffer ``[capacity, feature_size]`` shared by all
 requests; a request holds the buffer rows of its contiguous positions up to ``end``, at most
-the last ``window`` (what its ring would keep). A step's kept rows are written with one
-``index_copy_`` for all its requests and taken out per request with one ``index_select``:
-per request and step the store does Python bookkeeping only. Copying each request's rows out of
-the step's features (a ``clone`` per request, then a slice or two per request for one shared
-copy) cost a resting drafter ~0.27 ms of a 70 ms c=16 step, about half of what an adaptive
-engine whose gate never drafts loses to no speculation.
+the last ``window`` (what its ring would keep). The kept rows of a batch of steps (the drafter
+hands them over every few steps) are written with one ``index_copy_`` for all their requests and
+taken out per request with one ``index_select``: per request and step the store does Python
+bookkeeping only. A ``clone`` per request per step cost a resting drafter ~0.23 ms of a 66 ms
+c=16 step, about half of what an adaptive engine whose gate never drafts lost to no speculation.
 
 The buffer grows (doubling) to the peak of rows held at once and keeps that size: about
 ``window`` rows per request that rests (1,024 x 1,728 fp32 features, 7 MB, for the shipped
@@ -47,10 +46,10 @@ class PendingFeatures:
         return None if held is None else held.end
 
     def add_step(self, features: torch.Tensor, items: list[tuple[str, int, int, int]]) -> None:
-        """``features: [rows, feature_size]``, a step's; ``items``: (request, first position,
-        first row, number of rows), the rows being its positions ``first .. first + n``. A
-        request's first position other than its pending end starts its pending anew (a jump).
-        (A decode step's one row per request takes the short path: this runs every step.)"""
+        """``features: [rows, feature_size]``, one or more steps'; ``items``: (request, first
+        position, first row, number of rows) in step order, the rows being its positions
+        ``first .. first + n``. A request's first position other than its pending end starts its
+        pending anew (a jump). (A decode step's one row per request takes the short path.)"""
         window = self.window
         sources: list[int] = []
         for _, _, first_row, num_rows in items:
