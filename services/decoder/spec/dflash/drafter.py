@@ -142,19 +142,13 @@ class DFlashDrafter(Drafter):
             for step_features, step_items in steps:
                 items.extend((request_id, start, base + row, n) for request_id, start, row, n in step_items)
                 base += len(step_features)
-        observed, ends = [], {}
-        for request_id, start, first_row, num_rows in items:
-            context = self.contexts.get(request_id)
-            if context is None:
-                context = self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
-            if not num_rows:
-                continue
-            end = ends[request_id] if request_id in ends else self.pending.end(request_id)
-            if start != (context.end if end is None else end):
+        for request_id, *_ in items:
+            if request_id not in self.contexts:
+                self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
+        for request_id, start, replaced in self.pending.add_step(features, [item for item in items if item[3]]):
+            context = self.contexts[request_id]
+            if replaced or start != context.end:
                 context.end = -1  # a jump (recompute, resume): the ring is rebuilt at the flush
-            ends[request_id] = start + num_rows
-            observed.append((request_id, start, first_row, num_rows))
-        self.pending.add_step(features, observed)
 
     def context(self, request_id: str) -> DraftContext:
         """The request's ring with every observed position in it (flushes what is pending)."""

@@ -40,16 +40,12 @@ class PendingFeatures:
         self.free: list[int] = []  # buffer rows no request holds
         self.held: dict[str, _Held] = {}
 
-    def end(self, request_id: str) -> int | None:
-        """The position after the request's last pending one; None: nothing pending."""
-        held = self.held.get(request_id)
-        return None if held is None else held.end
-
-    def add_step(self, features: torch.Tensor, items: list[tuple[str, int, int, int]]) -> None:
+    def add_step(self, features: torch.Tensor, items: list[tuple[str, int, int, int]]) -> list[tuple[str, int, bool]]:
         """``features: [rows, feature_size]``, one or more steps'; ``items``: (request, first
         position, first row, number of rows) in step order, the rows being its positions
         ``first .. first + n``. A request's first position other than its pending end starts its
-        pending anew (a jump). (A decode step's one row per request takes the short path.)"""
+        pending anew (a jump). Returns the chains started: (request, first position, whether it
+        replaced pending rows). (A decode step's one row per request takes the short path.)"""
         window = self.window
         sources: list[int] = []
         for _, _, first_row, num_rows in items:
@@ -58,14 +54,15 @@ class PendingFeatures:
             else:
                 sources.extend(range(first_row + max(num_rows - window, 0), first_row + num_rows))
         if not sources:
-            return
+            return []
         targets = self._allocate(len(sources), features)
         self.buffer.index_copy_(0, torch.tensor(targets), features.index_select(0, torch.tensor(sources)))
         held_by, free = self.held, self.free
-        offset = 0
+        offset, started = 0, []
         for request_id, start, _, num_rows in items:
             held = held_by.get(request_id)
             if held is None or held.end != start:
+                started.append((request_id, start, held is not None))
                 if held is not None:
                     free.extend(held.rows)
                 held = held_by[request_id] = _Held(start)
@@ -85,6 +82,7 @@ class PendingFeatures:
             offset += kept
             while len(rows) > window:
                 free.append(rows.popleft())
+        return started
 
     def take(self, request_id: str) -> tuple[int, torch.Tensor] | None:
         """``(start, [n, feature_size])``: the request's pending rows, positions ``start .. end``
