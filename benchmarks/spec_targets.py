@@ -32,20 +32,20 @@ def spec_targets(rows: list[dict]) -> dict[str, bool]:
     return targets
 
 
-def speedup(figures: dict, base: dict, paired: bool) -> float:
-    """``figures``' tok/s over ``base``'s. Paired (interleaved repeats: repeat i of every setting
-    ran back to back): the median of the per-repeat ratios, which the machine's slow drift
+def speedup(figures: dict, base: dict, paired: bool, key: str = "tokens_per_s") -> float:
+    """``figures``' tok/s (``key``: end-to-end, or ``decode_tokens_per_s``) over ``base``'s.
+    Paired (interleaved repeats: repeat i of every setting ran back to back): the median of the per-repeat ratios, which the machine's slow drift
     (+-10% between repeats on 2 shared cores) moves far less than a ratio of medians; otherwise
     the ratio of the median tok/s."""
     if paired:
-        return statistics.median(paired_ratios(figures, base))
-    return figures["tokens_per_s"] / base["tokens_per_s"]
+        return statistics.median(paired_ratios(figures, base, key))
+    return figures[key] / base[key]
 
 
-def paired_ratios(figures: dict, base: dict) -> list[float]:
+def paired_ratios(figures: dict, base: dict, key: str = "tokens_per_s") -> list[float]:
     """Repeat i's tok/s over ``base``'s repeat i, for interleaved repeats (the spread that
     ``speedup``'s median is taken over: what a reader needs to judge a margin of a few %)."""
-    runs, base_runs = figures["tokens_per_s_runs"], base["tokens_per_s_runs"]
+    runs, base_runs = figures[f"{key}_runs"], base[f"{key}_runs"]
     if len(runs) != len(base_runs):
         raise ValueError(f"paired repeats differ in number: {len(runs)} vs {len(base_runs)}")
     return [a / b for a, b in zip(runs, base_runs)]

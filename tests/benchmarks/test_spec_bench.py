@@ -109,7 +109,7 @@ def test_a_setting_run_keeps_batch_size_prompts_in_flight():
         def add_request(self, ids, params):
             request_id = f"r{len(self.added)}"
             self.added.append((self.steps, ids))
-            self.requests[request_id] = SimpleNamespace(ids=ids, left=ids[0], is_finished=False)
+            self.requests[request_id] = SimpleNamespace(ids=ids, left=ids[0], is_finished=False, output_ids=[])
             return request_id
 
         def step(self):
@@ -117,6 +117,7 @@ def test_a_setting_run_keeps_batch_size_prompts_in_flight():
             for request in self.requests.values():
                 request.left -= 1
                 request.is_finished = request.left <= 0
+                request.output_ids.append(0)  # a request's first step is its prefill, emitting one token
 
         def pop_finished(self, request_id):
             request = self.requests.pop(request_id)
@@ -127,13 +128,15 @@ def test_a_setting_run_keeps_batch_size_prompts_in_flight():
     run = bench.SettingRun.__new__(bench.SettingRun)
     run.name, run.prompts, run.batch_size, run.params = "x", [[3], [1], [2]], 2, None
     run.llm = SimpleNamespace(engine=engine)
-    run.rates, run.accepted, run.verify_steps, run.outputs, run._in_flight = [], 0, 0, None, {}
+    run.rates, run.decode_rates, run.accepted, run.verify_steps, run.outputs, run._in_flight = [], [], 0, 0, None, {}
     run.run()
     # [1] finishes in step 1, so [2] joins after it; [3] and [2] finish in step 3
     assert engine.added == [(0, [3]), (0, [1]), (1, [2])] and engine.steps == 3 and not run.decoding
     figures = run.figures()
     assert figures["tokens"] == 9 and figures["outputs"] == [[3] * 3, [1] * 3, [2] * 3]
     assert figures["mean_acceptance_length"] == 3.0  # (2 accepted + 1 bonus) per verify step
+    # only step 3 began with both in-flight requests past their first step: its 2 tokens are the decode phase
+    assert run._decode[0] == 2 and len(run.decode_rates) == 1 and figures["decode_tokens_per_s"] > 0
 
 
 def test_adaptive_targets_compare_like_with_like():
