@@ -60,7 +60,7 @@ class SettingRun:
 
     def __init__(self, loaded, prompts: list[list[int]], max_tokens: int, spec: str, spec_tokens: int,
                  budget: str = "fixed", attention: str = "dense", batch_size: int | None = None,
-                 gemm_dtype: str | None = None):
+                 gemm_dtype: str | None = None, draft_gemm_dtype: str = "auto"):
         from dhisparse import LLM, SamplingParams
 
         self.name = f"{spec}:{spec_tokens}:{budget}"
@@ -71,6 +71,7 @@ class SettingRun:
         capacity = max(-(-needed // 16) * 16, 8192)
         self.llm = LLM(loaded=loaded, spec=spec, spec_tokens=spec_tokens, max_num_batched_tokens=1024,
                        verify_budget=budget, kv_cache_tokens=capacity, gemm_dtype=gemm_dtype,
+                       draft_gemm_dtype=draft_gemm_dtype,
                        max_model_len=min(capacity, loaded.config.max_position_embeddings),
                        **(SPARSE if attention == "sparse" else {}))
         self.params = SamplingParams(max_tokens=max_tokens)
@@ -179,7 +180,7 @@ SCHEDULES = ("sequential", "interleave", "lockstep")
 
 def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: list[tuple[str, int, str]],
                  attention: str = "dense", repeats: int = 1, schedule: str = "sequential",
-                 batch_size: int | None = None, gemm_dtype: str | None = None):
+                 batch_size: int | None = None, gemm_dtype: str | None = None, draft_gemm_dtype: str = "auto"):
     """Yields ``(setting, figures)`` per setting, in order. ``schedule``:
 
     - ``sequential``: each setting's engine is built, run ``repeats`` times and dropped before
@@ -187,14 +188,14 @@ def run_settings(loaded, prompts: list[list[int]], max_tokens: int, settings: li
     - ``interleave`` and ``lockstep``: every setting's engine is built first (all held at once)
       and ``repeat_runs`` goes round them.
 
-    ``batch_size``, ``gemm_dtype``: see ``SettingRun`` and ``DecoderConfig``."""
+    ``batch_size``, ``gemm_dtype``, ``draft_gemm_dtype``: see ``SettingRun`` and ``DecoderConfig``."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
 
     def build(setting):
         spec, spec_tokens, budget = setting
         return SettingRun(loaded, prompts, max_tokens, spec, max(spec_tokens, 1), budget, attention, batch_size,
-                          gemm_dtype)
+                          gemm_dtype, draft_gemm_dtype)
 
     if schedule == "sequential":
         for setting in settings:
@@ -268,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--schedule lockstep")
     parser.add_argument("--gemm-dtype", default=None, choices=["float32", "bfloat16"],
                         help="projection matmul precision (DecoderConfig.gemm_dtype; default: fp32 like the model)")
+    parser.add_argument("--draft-gemm-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="the learned drafters' matmul precision (DecoderConfig.draft_gemm_dtype)")
     parser.add_argument("--name", default="spec", help="output file stem")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -286,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                 for (spec, spec_tokens, budget), figures in run_settings(loaded, prompts, args.max_tokens, settings,
                                                                          attention, args.repeats, args.schedule,
                                                                          batch_size=concurrency,
-                                                                         gemm_dtype=args.gemm_dtype):
+                                                                         gemm_dtype=args.gemm_dtype,
+                                                                         draft_gemm_dtype=args.draft_gemm_dtype):
                     outputs = figures.pop("outputs")
                     if base is None:
                         base = (figures, outputs)
@@ -321,7 +325,8 @@ def write_results(args, loaded, rows: list[dict]) -> dict[str, bool]:
     targets = spec_targets(rows)
     result = {"benchmark": "spec", "machine": machine_info(), "model": str(loaded.source),
               "settings": {"max_tokens": args.max_tokens, "dtype": "float32",
-                           "gemm_dtype": args.gemm_dtype or "float32", "attention": args.attention,
+                           "gemm_dtype": args.gemm_dtype or "float32", "draft_gemm_dtype": args.draft_gemm_dtype,
+                           "attention": args.attention,
                            "sparse": SPARSE, "drafter_settings": args.settings, "threads": torch.get_num_threads(),
                            "repeats": args.repeats, "schedule": args.schedule,
                            "prompts_per_kind": args.prompts or f"{args.rounds} x concurrency"},

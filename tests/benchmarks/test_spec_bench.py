@@ -11,7 +11,8 @@ def test_interleaved_repeats_go_round_both_ways_and_sequential_ones_do_not(monke
     order = []
 
     class FakeRun:
-        def __init__(self, loaded, prompts, max_tokens, spec, spec_tokens, budget, attention, batch_size, gemm_dtype):
+        def __init__(self, loaded, prompts, max_tokens, spec, spec_tokens, budget, attention, batch_size, gemm_dtype,
+                     draft_gemm_dtype):
             self.name = f"{spec}:{spec_tokens}:{budget}"
             order.append(("build", self.name))
             self.count = 0
