@@ -96,7 +96,8 @@ class SettingRun:
         """Starts one decode of the prompts: the first ``batch_size`` are queued; ``advance``
         steps them."""
         self._elapsed_s = 0.0
-        self._decode = [0, 0.0]  # (tokens, seconds) of the steps in which no in-flight prompt was prefilling
+        # tokens and seconds of the steps in which no in-flight prompt was prefilling
+        self._decode_tokens, self._decode_s = 0, 0.0
         self._finished: dict[int, object] = {}  # prompt index -> its finished request
         self._in_flight: dict[str, int] = {}  # request id -> prompt index
         self._next = 0
@@ -122,12 +123,12 @@ class SettingRun:
         engine = self.llm.engine
         in_flight = [engine.requests[r] for r in self._in_flight]
         # a request has output once its prefill is done: a step of only such requests decodes
-        decoding = [len(r.output_ids) for r in in_flight]
+        outputs_before = [len(r.output_ids) for r in in_flight]
         t0 = time.perf_counter()
         engine.step()
-        if all(decoding):
-            self._decode[0] += sum(len(r.output_ids) for r in in_flight) - sum(decoding)
-            self._decode[1] += time.perf_counter() - t0
+        if all(outputs_before):
+            self._decode_tokens += sum(len(r.output_ids) for r in in_flight) - sum(outputs_before)
+            self._decode_s += time.perf_counter() - t0
         for request_id in [r for r in self._in_flight if engine.requests[r].is_finished]:
             self._finished[self._in_flight.pop(request_id)] = engine.pop_finished(request_id)
         self._fill()
@@ -137,7 +138,7 @@ class SettingRun:
         if self._in_flight:
             return
         finished = [self._finished[i] for i in range(len(self.prompts))]
-        self.decode_rates.append(self._decode[0] / self._decode[1] if self._decode[1] else 0.0)
+        self.decode_rates.append(self._decode_tokens / self._decode_s if self._decode_s else 0.0)
         self._record([r.output_ids for r in finished], [r.stats.as_dict(len(r.output_ids)) for r in finished],
                      self._elapsed_s)
 

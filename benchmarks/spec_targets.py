@@ -34,9 +34,9 @@ def spec_targets(rows: list[dict]) -> dict[str, bool]:
 
 def speedup(figures: dict, base: dict, paired: bool, key: str = "tokens_per_s") -> float:
     """``figures``' tok/s (``key``: end-to-end, or ``decode_tokens_per_s``) over ``base``'s.
-    Paired (interleaved repeats: repeat i of every setting ran back to back): the median of the per-repeat ratios, which the machine's slow drift
-    (+-10% between repeats on 2 shared cores) moves far less than a ratio of medians; otherwise
-    the ratio of the median tok/s."""
+    Paired (interleaved repeats: repeat i of every setting ran back to back): the median of the
+    per-repeat ratios, which the machine's slow drift (+-10% between repeats on 2 shared cores)
+    moves far less than a ratio of medians; otherwise the ratio of the median tok/s."""
     if paired:
         return statistics.median(paired_ratios(figures, base, key))
     return figures[key] / base[key]

@@ -137,7 +137,7 @@ def test_a_setting_run_keeps_batch_size_prompts_in_flight():
     assert figures["tokens"] == 9 and figures["outputs"] == [[3] * 3, [1] * 3, [2] * 3]
     assert figures["mean_acceptance_length"] == 3.0  # (2 accepted + 1 bonus) per verify step
     # only step 3 began with both in-flight requests past their first step: its 2 tokens are the decode phase
-    assert run._decode[0] == 2 and len(run.decode_rates) == 1 and figures["decode_tokens_per_s"] > 0
+    assert run._decode_tokens == 2 and len(run.decode_rates) == 1 and figures["decode_tokens_per_s"] > 0
 
 
 def test_adaptive_targets_compare_like_with_like():
