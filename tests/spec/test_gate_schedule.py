@@ -139,3 +139,26 @@ def test_a_measured_base_above_the_tables_price_is_priced_at_the_table():
     assert schedule.plain_s(4, 1.0) == pytest.approx(0.040 + GateSchedule.PLAIN_WEIGHT * (jump - 0.040))
     with pytest.raises(ValueError, match="positive"):
         schedule.measured_plain_step(4, 0.0)
+
+
+def test_beside_prefill_chunks_a_draft_costs_a_token_at_the_steps_size_against_plain_decoding():
+    """Drafts in a step with prefill chunks: a drafted position costs what one more token costs at
+    the whole step's size (here 10 ms a token beyond 8, where a decode's few tokens cost nothing
+    more), and its gain is measured against plain decoding's rate (the decodes' plain step), not
+    the mixed step's nor a table price that counts a prefilling request as a decode."""
+    speculator, request, drafter = _one_request_speculator()
+    speculator.profile = BudgetProfile(CostTable((1, 8, 512), (0.010, 0.010, 5.0)), CostTable((1, 16), (0.0, 0.0)))
+    speculator.propose([request])
+    assert request.draft_ids == [7] and speculator.promise.base_rate == pytest.approx(100.0)
+    calls = drafter.calls
+    speculator.propose([request], prefill_tokens=500)  # 1.5 tokens in 20 ms: below plain decoding's 100/s
+    assert drafter.calls == calls and speculator.promise is None and speculator.schedule.num_skipped_steps == 1
+    plan = speculator._plan([request], [request], [[0.99]])
+    assert plan.lengths == [0] and plan.base_rate == pytest.approx(100.0) and plan.seconds == pytest.approx(0.010)
+    # a request still prefilling commits nothing of the decodes': the base is one decode's plain step
+    prefilling = _decoding_request()
+    prefilling.num_computed_tokens = 0
+    speculator._prefill_tokens = 0
+    plan = speculator._plan([request, prefilling], [request], [[0.5]])
+    assert plan.base_rate == pytest.approx(100.0) and plan.lengths == [1]
+    assert plan.expected_committed == pytest.approx(1.5)

@@ -242,7 +242,7 @@ class Engine:
     # ---- stepping -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+            self.speculator.propose(self.scheduler.running, self.scheduler.prefill_tokens())
         running = self.scheduler.running
         self.controller.relieve(running)  # below the low watermark: demote before scheduling
         batch = self.scheduler.schedule()

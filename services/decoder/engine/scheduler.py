@@ -96,6 +96,20 @@ class Scheduler:
         window_end = (start // self.page_size + self.sparse_recent_pages) * self.page_size
         return min(num_new, window_end - start)
 
+    def prefill_tokens(self) -> int:
+        """The prefill-chunk tokens the coming step schedules beside its decodes if nothing
+        drafts: the running requests' pending chunks, then the waiting requests' (as many as the
+        sequence limit admits), within the token budget the decodes leave. An estimate (an
+        admission may fail for want of slots, a chunk be capped by residency) that the verify
+        budget prices a step's drafts at: beside a chunk, a drafted position costs what one
+        more token costs at the chunk's size, and in a full step it displaces a prefill token
+        that a later step computes."""
+        decoding = sum(1 for r in self.running if r.num_pending_tokens == 1)
+        chunks = sum(r.num_pending_tokens for r in self.running if r.num_pending_tokens > 1)
+        admissible = max(self.max_num_seqs - len(self.running), 0)
+        chunks += sum(r.num_pending_tokens for r, _ in zip(self.waiting, range(admissible)))
+        return max(min(chunks, self.max_num_batched_tokens - decoding), 0)
+
     def schedule(self) -> list[ScheduledRequest]:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []

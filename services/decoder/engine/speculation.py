@@ -1,33 +1,32 @@
 """The engine's speculation: which drafter, what it drafts each step, how much of it to verify.
 
-Every step, each running request that decodes (one pending token) with room left asks the
-drafter for a block; all requests draft in one drafter call. With the adaptive verify budget
-(``spec/verify_budget.py``) the block is cut to the length that maximises expected committed
-tokens per second of step time, from the drafter's per-position confidences (DSpark; mapped
-to the survival rates verification has measured for them, ``ConfidenceCalibration``) or, for a
-drafter without them, the pooled survival per draft position (``DepthSurvival``) scaled by how
-the request's drafts have survived against it (``RequestSurvival``), the step costs profiled at start-up, and, for a SPARSE
+Every step, each running request that decodes (one pending token) with room left asks the drafter
+for a block; all requests draft in one drafter call. With the adaptive verify budget
+(``spec/verify_budget.py``) the block is cut to the length that maximises expected committed tokens
+per second of step time, from the drafter's per-position confidences (DSpark; mapped to the survival
+rates verification has measured for them, ``ConfidenceCalibration``) or, for a drafter without them,
+the pooled survival per draft position (``DepthSurvival``) scaled by how the request's drafts have
+survived against it (``RequestSurvival``), the step costs profiled at start-up, and, for a SPARSE
 request, the host fetches its larger working set costs. Before that, the adaptive budget asks
 whether drafting can pay for the drafter's own forward at all: with each request's predicted
-survival, the profiled step costs and the profiled drafter cost, the requests for which
-no draft would pay are left out, and when none is left the drafter does not run (those requests'
-evidence ages towards the pooled profile, the profile's towards the drafter's prior and the
-drafter's measured cost towards its profile, so they probe again later; while it keeps
-skipping it asks only every few steps, and plain and control steps measure the base it prices:
-``spec/gate_schedule.py``). The gate holds itself to its prices: every
-drafting step reports the seconds it took (proposal and target pass) against what the gate
-priced it at, and a shortfall raises the gain a draft must promise (``RealizedGain``). A request that drafts is asked for its predicted length only, + ``LENGTH_HEADROOM``
-tokens for a drafter with confidences (they may show a longer draft is worth it): a block
-drafter then scores only those positions, which on a 2-core CPU is what lets one- and two-token
-drafts pay at concurrency 1.
+survival, the profiled step costs and the profiled drafter cost, the requests for which no draft
+would pay are left out, and when none is left the drafter does not run (those requests' evidence
+ages towards the pooled profile, the profile's towards the drafter's prior and the drafter's
+measured cost towards its profile, so they probe again later; while it keeps skipping it asks only
+every few steps, and plain and control steps measure the base it prices: ``spec/gate_schedule.py``).
+The gate holds itself to its prices: every drafting step reports the seconds it took (proposal and
+target pass) against what the gate priced it at, and a shortfall raises the gain a draft must
+promise (``RealizedGain``). A request that drafts is asked for its predicted length only, +
+``LENGTH_HEADROOM`` tokens for a drafter with confidences (they may show a longer draft is worth
+it): a block drafter then scores only those positions, which on a 2-core CPU is what lets one- and
+two-token drafts pay at concurrency 1.
 
-The pooled profile (``Speculator.depth``) counts every verified draft of every request. It
-starts from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out
-acceptance) and a new request starts at the profile (scale 1), so a drafter that is known to
-accept little is not probed at a guessed 0.7 by every request. Both cost tables start from
-the profile and are corrected by the step and drafter times measured while serving
-(``CalibratedCosts``). After the step, a drafter
-that conditions on the target gets the committed positions' features (never rejected rows).
+The pooled profile (``Speculator.depth``) counts every verified draft of every request. It starts
+from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out acceptance) and a new
+request starts at the profile (scale 1), so a drafter that is known to accept little is not probed
+at a guessed 0.7 by every request. Both cost tables start from the profile and are corrected by the
+step and drafter times measured while serving (``CalibratedCosts``). After the step, a drafter that
+conditions on the target gets the committed positions' features (never rejected rows).
 """
 
 from __future__ import annotations
@@ -115,6 +114,7 @@ class Speculator:
         self._propose_s = 0.0  # the coming step's proposal (drafter call, budget), its backlog apart
         self._backlog = (0.0, 0)  # the coming step's deferred context work: (seconds, positions)
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
+        self._prefill_tokens = 0  # the coming step's prefill-chunk tokens beside its decodes
 
     def reset_estimates(self) -> None:
         """Back to what serving has not measured yet: the pooled survival at the drafter's prior,
@@ -224,10 +224,12 @@ class Speculator:
     def _idle(self, request: Request) -> None:
         self.survival(request).idle()
 
-    def propose(self, running: list[Request]) -> None:
-        """Sets ``draft_ids`` of every running request that decodes next step."""
+    def propose(self, running: list[Request], prefill_tokens: int = 0) -> None:
+        """Sets ``draft_ids`` of every running request that decodes next step; ``prefill_tokens``:
+        the prefill-chunk tokens the step schedules beside the decodes (``Scheduler.prefill_tokens``)."""
         start = time.perf_counter()
         self._backlog = (0.0, 0)
+        self._prefill_tokens = prefill_tokens
         self._propose(running)
         self._propose_s = time.perf_counter() - start - self._backlog[0]
 
@@ -242,7 +244,8 @@ class Speculator:
             if request.num_pending_tokens == 1 and room > 0:
                 drafting.append(request)
                 max_tokens.append(min(self.spec_tokens, room))
-        if (self.profile is not None and drafting and all(r.num_pending_tokens == 1 for r in running)
+        if (self.profile is not None and drafting and not self._prefill_tokens
+                and all(r.num_pending_tokens == 1 for r in running)
                 and self.schedule.control_due(self.step_costs.table.padded(len(running)))):
             self._control = len(running)  # this step measures the base the gate compares against
             drafting = []
@@ -361,12 +364,18 @@ class Speculator:
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
         decoding = [r for r in running if r.num_pending_tokens == 1]
-        # the base step's attention and fetches beyond the table; where every request decodes, the
-        # measured plain step (at most the table's price: ``GateSchedule.plain_s``) instead
+        # the base: the decodes' plain step (table + their attention and fetches, or measured:
+        # ``GateSchedule.plain_s``). Beside prefill chunks a drafted position costs one more token
+        # at the whole step's size (in a full step it displaces a chunk token) and must commit
+        # faster than plain decoding: the chunks cost the same either way and commit nothing
         base_extra_s = self.attend_s([(r, 1) for r in decoding]) + sum(self.fetch_s_per_position(r) for r in decoding)
-        base_s = (self.schedule.plain_s(len(running), self.step_costs.seconds_at(len(running)) + base_extra_s)
-                  if len(decoding) == len(running) else None)
-        return choose_draft_plan(confidences, committed_base=len(running), tokens_base=len(running),
+        plain_s = self.step_costs.seconds_at(len(decoding)) + base_extra_s
+        base_s = self.schedule.plain_s(len(decoding), plain_s)
+        mixed = self._prefill_tokens > 0 or len(decoding) < len(running)
+        if mixed and base_s is None:
+            base_s = plain_s
+        return choose_draft_plan(confidences, committed_base=len(decoding),
+                                 tokens_base=len(decoding) + self._prefill_tokens,
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
