@@ -40,15 +40,39 @@ def test_a_line_fit_finds_the_fixed_part_and_the_slope():
 
 
 def test_each_path_is_fed_its_own_measurements_and_fetches_are_taken_out():
-    costs = AttentionCosts(dense_prior=((10_000, 0.001), (20_000, 0.002)))
-    assert costs.s_per_row("dense") == pytest.approx(1e-7) and costs.seconds("dense", 30_000) == pytest.approx(0.003)
-    assert costs.seconds("page_list", 10**6) == 0.0 and costs.seconds("dense", 0) == 0.0  # unmeasured; not run
+    # a profile of 1 and 2 query tokens on one 10,000-row context: 1 ms, then 0.1 ms more
+    costs = AttentionCosts(dense_prior=((10_000, 10_000, 0.001), (20_000, 10_000, 0.0011)))
+    assert costs.dense.s_per_query_row == pytest.approx(1e-8) and costs.position_s("dense", 10_000) == pytest.approx(1e-4)
+    assert costs.seconds("dense", 30_000, 10_000) == pytest.approx(0.0012)
+    assert costs.seconds("page_list", 10**6, 10**6) == 0.0 and costs.seconds("dense", 0, 0) == 0.0  # unmeasured; not run
     # 30 ms of page-list attention, 10 of them host fetches, over 10,000 rows
     costs.observe(AttentionWork(page_list_s=0.030, page_list_rows=10_000, fetch_s=0.010))
-    assert costs.seconds("page_list", 10_000) == pytest.approx(0.020)
-    assert costs.fits["dense"].num_observed == 0  # no dense rows this step
-    costs.observe(AttentionWork(dense_s=1.0, dense_rows=10, page_list_s=1.0, page_list_rows=10))  # too few rows
-    assert costs.fits["dense"].num_observed == 0 and costs.fits["page_list"].num_observed == 1
+    assert costs.seconds("page_list", 10_000, 10_000) == pytest.approx(0.020)
+    assert costs.position_s("page_list", 1_000) == pytest.approx(0.002)
+    assert costs.dense.num_observed == 0  # no dense rows this step
+    costs.observe(AttentionWork(dense_s=1.0, dense_rows=10, dense_context_rows=10, page_list_s=1.0, page_list_rows=10))
+    assert costs.dense.num_observed == 0 and costs.page_list.num_observed == 1  # too few rows
+
+
+def test_a_dense_verify_token_costs_its_scoring_not_another_read_of_its_context():
+    """Dense attention gathers each request's keys and values once, whatever its query count:
+    the profile (1 to 8 query tokens on one 7,710-row context, 2 ms + 0.05 us per query row) gives
+    the query part; decode steps at 4 x 180,000 context rows (6K tokens x 30 layers) that take
+    340 ms fit the context line, and a drafted position there costs 180,000 x 0.05 us = 9 ms, not
+    the 85 ms of a whole read (the one-line model's price). A profile of one step size measures
+    no query part: a query row is then priced like a context row."""
+    context = 7_710
+    prior = tuple((n * context, context, 0.002 + 0.05e-6 * (n - 1) * context) for n in (1, 2, 4, 8))
+    costs = AttentionCosts(dense_prior=prior)
+    assert costs.dense.s_per_query_row == pytest.approx(0.05e-6)
+    for _ in range(40):
+        costs.observe(AttentionWork(dense_s=0.340, dense_rows=720_000, dense_context_rows=720_000))
+    assert costs.seconds("dense", 720_000, 720_000) == pytest.approx(0.340, rel=0.01)
+    assert costs.position_s("dense", 180_000) == pytest.approx(0.009)
+    # a verify step of 2 tokens each: the reads once, the scoring twice
+    assert costs.seconds("dense", 1_440_000, 720_000) == pytest.approx(0.340 + 0.036, rel=0.01)
+    one_size = AttentionCosts(dense_prior=((context, context, 0.002),))
+    assert one_size.position_s("dense", context) == pytest.approx(0.002)
 
 
 def _best_k(p: float, base_s: float, per_position_s: float, max_k: int = 7) -> int:
@@ -80,7 +104,7 @@ def test_the_step_table_learns_the_step_without_its_attention():
     from services.decoder.spec.verify_budget import BudgetProfile
 
     request = _decoding_request()
-    profile = BudgetProfile(FLAT, CostTable((1, 16), (0.001, 0.001)), dense_attention_points=((7_680, 0.001),))
+    profile = BudgetProfile(FLAT, CostTable((1, 16), (0.001, 0.001)), dense_attention_points=((7_680, 7_680, 0.001),))
     speculator = Speculator(_drafter(), spec_tokens=4, query_key_rows=lambda r: ("page_list", 1500))
     speculator.profile = profile
     assert speculator.attend_s_per_position(request) == 0.0  # page-list not measured yet
@@ -128,6 +152,7 @@ def test_the_runner_counts_the_rows_the_budget_prices(loaded_model, attention):
     paths = {rid: path for rid, (path, _) in predicted.items()}
     rows = {path: sum(n for p, n in predicted.values() if p == path) for path in ("dense", "page_list")}
     assert work.dense_rows == rows["dense"] and work.page_list_rows == rows["page_list"]
+    assert work.dense_context_rows == work.dense_rows  # one query token each: each context read once
     if attention == "sparse":
         assert paths == {"r0": "page_list", "r1": "page_list", "r2": "dense"}
         assert work.page_list_rows > 0 and work.page_list_s > 0
@@ -152,17 +177,20 @@ def test_a_sparse_engines_profile_times_both_attention_paths(loaded_model):
     dense, page_list = profile.dense_attention_points, profile.page_list_attention_points
     assert len(dense) == len(PROFILE_TOKENS) and len(page_list) == len(PAGE_LIST_PROFILE_TOKENS)
     for points in (dense, page_list):
-        rows = [r for r, _ in points]
-        assert rows == sorted(set(rows)) and all(s > 0 for _, s in points)
+        rows = [p[0] for p in points]
+        assert rows == sorted(set(rows)) and all(p[-1] > 0 for p in points)
     # one token 256 positions in (17 pages, all selected): 30 layers x (17 x 16 selected + 2 x 17 digest rows)
     assert page_list[0][0] == 30 * (17 * 16 + 2 * 17)
-    assert dense[0][0] == 30 * 257
+    assert dense[0][:2] == (30 * 257, 30 * 257)
+    # n query tokens on one request: its context gathered once, 30 x (256 + n) rows at its last token
+    assert [c for _, c, _ in dense] == [30 * (256 + n) for n in PROFILE_TOKENS]
     assert not runner.force_selection and llm.engine.allocator.num_free_slots == llm.engine.allocator.num_slots
     costs = speculator.attention_costs
-    assert costs.fits["dense"].known and costs.fits["page_list"].known and costs.s_per_row("page_list") > 0
+    assert costs.dense.context.known and costs.page_list.known and costs.position_s("page_list", 1) > 0
+    assert costs.dense.s_per_query_row > 0
     small = LLM(loaded=loaded_model, spec="ngram", spec_tokens=4, verify_budget="adaptive", attention="sparse",
                 top_k_tokens=64, sink_pages=1, recent_pages=2)
     profile = small.engine.speculator.profile
     assert not profile.dense_attention_points and len(profile.page_list_attention_points) == len(PROFILE_TOKENS)
     assert profile.page_list_attention_points[0][0] == 30 * (7 * 16 + 2 * 17)
-    assert small.engine.speculator.attention_costs.s_per_row("page_list") > 0
+    assert small.engine.speculator.attention_costs.position_s("page_list", 1) > 0

@@ -178,19 +178,19 @@ class Speculator:
         """The attention of one more query token of ``request`` next step (0 when the table holds it)."""
         if self.attention_costs is None:
             return 0.0
-        path, rows = self.query_key_rows(request)
-        return self.attention_costs.s_per_row(path) * rows
+        return self.attention_costs.position_s(*self.query_key_rows(request))
 
     def attend_s(self, tokens: list[tuple[Request, int]]) -> float:
         """A step's decode / verify attention: ``tokens`` = (request, its query tokens); each path
         that runs costs its fixed part once (0 when the table holds attention)."""
         if self.attention_costs is None:
             return 0.0
-        rows = dict.fromkeys(PATHS, 0)
+        rows, context_rows = dict.fromkeys(PATHS, 0), dict.fromkeys(PATHS, 0)
         for request, num_tokens in tokens:
             path, per_token = self.query_key_rows(request)
             rows[path] += num_tokens * per_token
-        return sum(self.attention_costs.seconds(path, n) for path, n in rows.items())
+            context_rows[path] += per_token
+        return sum(self.attention_costs.seconds(path, rows[path], context_rows[path]) for path in PATHS)
 
     def priced_step_s(self, batch: list[ScheduledRequest]) -> float | None:
         """What the budget prices ``batch``'s target pass at (table + decode / verify attention and

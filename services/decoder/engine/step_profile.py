@@ -43,8 +43,8 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
         while request.num_computed_tokens < len(prompt):
             engine.step()
         seconds = []
-        # (key rows, attention seconds) per step size and path
-        dense_points: list[tuple[int, float]] = []
+        # (key rows[, context rows], attention seconds) per step size and path
+        dense_points: list[tuple[int, int, float]] = []
         page_list_points: list[tuple[int, float]] = []
         for num_tokens in PROFILE_TOKENS:
             if not engine.controller.grow(request, request.num_computed_tokens + num_tokens):
@@ -53,7 +53,7 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
             step_s, work = _median_step(engine, sched, repeats)
             seconds.append(step_s)
             if work.dense_rows:
-                dense_points.append((work.dense_rows, work.dense_s))
+                dense_points.append((work.dense_rows, work.dense_context_rows, work.dense_s))
             if work.page_list_rows:  # a selection budget smaller than the profile's context
                 page_list_points.append((work.page_list_rows, work.page_list_s - work.fetch_s))
         if engine.runner.sparse is not None and not page_list_points:  # the same steps through per-token selections

@@ -43,6 +43,7 @@ class AttentionGroup:
     host_read: tuple[torch.Tensor, torch.Tensor] | None = None
     is_prefill: bool = False  # a prefill chunk: not part of ``AttentionWork`` (decode / verify only)
     key_rows: int = 0  # sum over query tokens of their request's context length (``AttentionWork``)
+    context_rows: int = 0  # sum over requests of their context length: the key / value rows gathered
     # ragged: [num_reqs * num_query_tokens] int64 step rows of the padded queries (request-major),
     # and [num_tokens] int64 indices into them of the real ones, in step order; None: not ragged
     token_rows: torch.Tensor | None = None
@@ -60,7 +61,8 @@ class AttentionGroup:
         ragged = [None if t is None else t.to(device, non_blocking=True) for t in (self.token_rows, self.real_rows)]
         return AttentionGroup(self.token_start, self.num_reqs, self.num_query_tokens,
                               self.read_rows.to(device, non_blocking=True), mask, is_prefill=self.is_prefill,
-                              key_rows=self.key_rows, token_rows=ragged[0], real_rows=ragged[1],
+                              key_rows=self.key_rows, context_rows=self.context_rows,
+                              token_rows=ragged[0], real_rows=ragged[1],
                               num_tokens=self.num_tokens)
 
 
@@ -98,7 +100,9 @@ class AttentionWork:
 
     ``dense_*``: dense groups of decode and verify tokens (prefill chunks are not counted), one
     key row per query token per position of its request's context (a group's padding to its
-    longest context is not counted: the budget prices each request's own rows).
+    longest context is not counted: the budget prices each request's own rows);
+    ``dense_context_rows``: each request's context once (the key / value rows its group gathers,
+    whatever its query count: a verify token beyond the first only scores them).
     ``page_list_*``: sparse tokens, each token's selected pages x page size plus
     ``DIGEST_ROWS_PER_PAGE`` per page of its context (the scoring that picked them).
     ``fetch_s``: the part of ``page_list_s`` spent copying SPARSE misses in from the host
@@ -106,6 +110,7 @@ class AttentionWork:
 
     dense_s: float = 0.0
     dense_rows: int = 0
+    dense_context_rows: int = 0
     page_list_s: float = 0.0
     page_list_rows: int = 0
     fetch_s: float = 0.0
@@ -192,7 +197,8 @@ def build_group(
         attn_mask = ((key_pos <= q_pos[:, :, None]) & (key_pos < lens)).unsqueeze(1)
     host_read = (torch.cat(host_dst), torch.tensor(host_ids, dtype=torch.int64)) if host_ids else None
     return AttentionGroup(token_start, num_reqs, num_query_tokens, read_rows, attn_mask, host_read,
-                          is_prefill=is_prefill, key_rows=key_rows, token_rows=token_rows, real_rows=real_rows,
+                          is_prefill=is_prefill, key_rows=key_rows, context_rows=sum(context_lens),
+                          token_rows=token_rows, real_rows=real_rows,
                           num_tokens=sum(counts) if token_rows is not None else 0)
 
 
@@ -284,6 +290,7 @@ class PagedAttention:
             if timed and not group.is_prefill:
                 work.dense_s += time.perf_counter() - start
                 work.dense_rows += group.key_rows
+                work.dense_context_rows += group.context_rows
         if meta.page_list is not None:
             start = time.perf_counter()
             out[meta.page_list.token_rows] = self._page_list_forward(layer, q, meta.page_list)

@@ -20,6 +20,16 @@ for 8x the rows), and only the slope is what one more verified position costs. E
 exponentially weighted least-squares fit of the steps measured while serving, its slope anchored
 by the start-up profile's steps (``engine/step_profile.py``), which span 1 to 64 tokens: serving
 steps alone often sit at one row count (every request decoding one token), where a fit has no slope.
+
+The dense path is two lines in one: a request's group gathers its context's keys and values once
+per layer whatever its query count, and each query token then scores them. So its seconds are
+``fixed_s + s_per_context_row x context rows + s_per_query_row x the rows of query tokens beyond
+each request's first``, and a drafted position costs only the second part. Priced per key row as
+one line, a verify token at 6K tokens of context was priced like a decode token's whole read: at
+dense long-document c=4 the drafted step was priced near twice the plain one where it took 1.17x,
+and the gate left fixed k=1's 1.08-1.10x decode-phase gain unused. ``s_per_query_row`` is the
+start-up profile's (its steps score 1 to 64 query tokens against one request's context); the
+context line is fitted to serving steps after the query part is taken out.
 """
 
 from __future__ import annotations
@@ -82,30 +92,70 @@ class LineFit:
         return fixed, slope
 
 
+class DenseFit:
+    """The dense path: ``seconds ~ fixed_s + s_per_context_row x context rows + s_per_query_row x
+    (rows - context rows)`` (module docstring). ``prior``: the start-up profile's steps,
+    ``(rows, context rows, seconds)``; without a spread in their query rows the query part is not
+    measured and a query row is priced like a context row (the one-line model)."""
+
+    def __init__(self, prior: tuple[tuple[int, int, float], ...] = ()):
+        extra = {rows - context for rows, context, _ in prior}
+        self._query_known = len(extra) > 1
+        self.s_per_query_row = LineFit(tuple((rows - context, s) for rows, context, s in prior)).line()[1] \
+            if self._query_known else 0.0
+        self.context = LineFit(tuple((context, s - self.s_per_query_row * (rows - context))
+                                     for rows, context, s in prior))
+
+    @property
+    def num_observed(self) -> int:
+        return self.context.num_observed
+
+    def query_s_per_row(self) -> float:
+        """What one more query row of a request whose context is gathered costs."""
+        return self.s_per_query_row if self._query_known else self.context.line()[1]
+
+    def observe(self, rows: int, context_rows: int, seconds: float) -> None:
+        self.context.observe(context_rows, seconds - self.query_s_per_row() * (rows - context_rows))
+
+    def seconds(self, rows: int, context_rows: int) -> float:
+        fixed, s_per_context_row = self.context.line()
+        return fixed + s_per_context_row * context_rows + self.query_s_per_row() * (rows - context_rows)
+
+
 class AttentionCosts:
-    """The two paths' lines, fed one ``AttentionWork`` per step."""
+    """The two paths' fits, fed one ``AttentionWork`` per step."""
 
     # a step with fewer rows than this on a path says little about it (timer resolution): skipped
     MIN_ROWS = 1024
 
-    def __init__(self, dense_prior: tuple[tuple[int, float], ...] = (),
+    def __init__(self, dense_prior: tuple[tuple[int, int, float], ...] = (),
                  page_list_prior: tuple[tuple[int, float], ...] = ()):
-        self.fits = {"dense": LineFit(dense_prior), "page_list": LineFit(page_list_prior)}
+        """``dense_prior``: (rows, context rows, seconds); ``page_list_prior``: (rows, seconds)."""
+        self.dense = DenseFit(dense_prior)
+        self.page_list = LineFit(page_list_prior)
 
-    def s_per_row(self, path: str) -> float:
-        """What one more key row on ``path`` costs (0 while the path is unmeasured)."""
-        return self.fits[path].line()[1]
+    def position_s(self, path: str, rows: int) -> float:
+        """What one more query token reading ``rows`` key rows costs a request that attends on
+        ``path`` anyway (0 while the path is unmeasured)."""
+        if path == "dense":
+            return self.dense.query_s_per_row() * rows
+        return self.page_list.line()[1] * rows
 
-    def seconds(self, path: str, rows: int) -> float:
-        """A step's seconds on ``path`` for ``rows`` key rows in all (0 rows: the path does not run)."""
+    def seconds(self, path: str, rows: int, context_rows: int) -> float:
+        """A step's seconds on ``path`` for ``rows`` key rows in all, of which ``context_rows``
+        are its requests' contexts once each (page-list tokens each gather their own: there
+        ``rows``); 0 rows: the path does not run."""
         if rows <= 0:
             return 0.0
-        fixed, slope = self.fits[path].line()
+        if path == "dense":
+            return self.dense.seconds(rows, context_rows)
+        fixed, slope = self.page_list.line()
         return fixed + slope * rows
 
     def observe(self, work: AttentionWork) -> None:
         """One step's measured attention (its fetches taken out of the page-list seconds)."""
-        for path, seconds, rows in (("dense", work.dense_s, work.dense_rows),
-                                    ("page_list", work.page_list_s - work.fetch_s, work.page_list_rows)):
-            if rows >= self.MIN_ROWS and seconds > 0:
-                self.fits[path].observe(rows, seconds)
+        if work.dense_rows >= self.MIN_ROWS and work.dense_s > 0:
+            self.dense.observe(work.dense_rows, work.dense_context_rows, work.dense_s)
+        page_list_s = work.page_list_s - work.fetch_s
+        if work.page_list_rows >= self.MIN_ROWS and page_list_s > 0:
+            self.page_list.observe(work.page_list_rows, page_list_s)

@@ -219,10 +219,11 @@ class BudgetProfile:
     # block drafter's heads run per asked position; measured at 4 requests on 2 cores: 0.35 ms
     # each, at 16: 0.21 ms, at 1: 0.7 ms); None: asked positions cost nothing extra
     draft_position_costs: CostTable | None = None
-    # decode / verify attention of the profile's steps, (key rows, seconds) per step size and path
-    # (``AttentionWork``; ``spec/attention_costs.py``); none on either path: not measured, and
-    # ``step_costs`` holds the attention
-    dense_attention_points: tuple[tuple[int, float], ...] = ()
+    # decode / verify attention of the profile's steps per step size and path, dense (key rows,
+    # context rows, seconds), page-list (key rows, seconds) (``AttentionWork``;
+    # ``spec/attention_costs.py``); none on either path: not measured, and ``step_costs`` holds
+    # the attention
+    dense_attention_points: tuple[tuple[int, int, float], ...] = ()
     page_list_attention_points: tuple[tuple[int, float], ...] = ()
 
     def draft_s_per_position(self, num_requests: int) -> float:
