@@ -221,9 +221,6 @@ class Speculator:
             request.survival = RequestSurvival()
         return request.survival
 
-    def _idle(self, request: Request) -> None:
-        self.survival(request).idle()
-
     def propose(self, running: list[Request], prefill_tokens: int = 0) -> None:
         """Sets ``draft_ids`` of every running request that decodes next step; ``prefill_tokens``:
         the prefill-chunk tokens the step schedules beside the decodes (``Scheduler.prefill_tokens``)."""
@@ -293,7 +290,7 @@ class Speculator:
                 self.realized.observe_tokens(unscaled, kept)
             for request, draft, length, survival in zip(drafting, drafts, lengths, survivals):
                 if draft.tokens and length == 0:
-                    self._idle(request)
+                    self.survival(request).idle()
                 if draft.confidences and length < len(draft.tokens):
                     # the positions cut by their confidences count in the pooled profile at them
                     # (``DepthSurvival.impute``): now for a draft cut whole, after verification
@@ -329,7 +326,7 @@ class Speculator:
         else:
             for request, length in zip(drafting, predicted):
                 if length == 0:
-                    self._idle(request)
+                    self.survival(request).idle()
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan
 
@@ -338,7 +335,7 @@ class Speculator:
         the drafter's cost correction, the realized shortfall and survival scale, and the pooled
         profile relax."""
         for request in candidates:
-            self._idle(request)
+            self.survival(request).idle()
         self.schedule.skipped()
         self.draft_costs.relax(self.COST_RELAX)
         self.realized.relax(self.COST_RELAX)
@@ -364,23 +361,19 @@ class Speculator:
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0) -> DraftPlan:
         decoding = [r for r in running if r.num_pending_tokens == 1]
-        # the base: the decodes' plain step (table + their attention and fetches, or measured:
-        # ``GateSchedule.plain_s``). Beside prefill chunks a drafted position costs one more token
-        # at the whole step's size (in a full step it displaces a chunk token) and must commit
-        # faster than plain decoding: the chunks cost the same either way and commit nothing
-        base_extra_s = self.attend_s([(r, 1) for r in decoding]) + sum(self.fetch_s_per_position(r) for r in decoding)
-        plain_s = self.step_costs.seconds_at(len(decoding)) + base_extra_s
-        base_s = self.schedule.plain_s(len(decoding), plain_s)
-        mixed = self._prefill_tokens > 0 or len(decoding) < len(running)
-        if mixed and base_s is None:
-            base_s = plain_s
+        # the base: the decodes' plain step (priced, or measured: ``GateSchedule.plain_s``); beside
+        # prefill chunks a drafted position costs one more token at the whole step's size (in a
+        # full step it displaces a chunk token), and the chunks commit nothing of the decodes'
+        priced_s = (self.step_costs.seconds_at(len(decoding)) + self.attend_s([(r, 1) for r in decoding])
+                    + sum(self.fetch_s_per_position(r) for r in decoding))
+        measured_s = self.schedule.plain_s(len(decoding), priced_s)
         return choose_draft_plan(confidences, committed_base=len(decoding),
                                  tokens_base=len(decoding) + self._prefill_tokens,
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 base_extra_s=base_extra_s, base_s=base_s)
+                                 base_s=priced_s if measured_s is None else measured_s)
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

@@ -99,11 +99,10 @@ class DenseFit:
     measured and a query row is priced like a context row (the one-line model)."""
 
     def __init__(self, prior: tuple[tuple[int, int, float], ...] = ()):
-        extra = {rows - context for rows, context, _ in prior}
-        self._query_known = len(extra) > 1
-        self.s_per_query_row = LineFit(tuple((rows - context, s) for rows, context, s in prior)).line()[1] \
-            if self._query_known else 0.0
-        self.context = LineFit(tuple((context, s - self.s_per_query_row * (rows - context))
+        query_rows = [(rows - context, s) for rows, context, s in prior]
+        # None: the profile's steps have no spread of query rows to measure it
+        self.s_per_query_row = LineFit(tuple(query_rows)).line()[1] if len(dict(query_rows)) > 1 else None
+        self.context = LineFit(tuple((context, s - (self.s_per_query_row or 0.0) * (rows - context))
                                      for rows, context, s in prior))
 
     @property
@@ -112,7 +111,7 @@ class DenseFit:
 
     def query_s_per_row(self) -> float:
         """What one more query row of a request whose context is gathered costs."""
-        return self.s_per_query_row if self._query_known else self.context.line()[1]
+        return self.context.line()[1] if self.s_per_query_row is None else self.s_per_query_row
 
     def observe(self, rows: int, context_rows: int, seconds: float) -> None:
         self.context.observe(context_rows, seconds - self.query_s_per_row() * (rows - context_rows))
