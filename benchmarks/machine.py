@@ -38,10 +38,14 @@ def machine_info() -> dict:
     return info
 
 
+def machine_kind() -> str:
+    """``cuda`` or ``cpu<cores>``: what result folders are named by."""
+    return "cuda" if torch.cuda.is_available() else f"cpu{os.cpu_count()}"
+
+
 def results_dir(root: str | os.PathLike = "results") -> Path:
     """``results/<date>-<machine kind>/``, created if missing."""
-    kind = "cuda" if torch.cuda.is_available() else f"cpu{os.cpu_count()}"
-    path = Path(root) / f"{_dt.date.today().isoformat()}-{kind}"
+    path = Path(root) / f"{_dt.date.today().isoformat()}-{machine_kind()}"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

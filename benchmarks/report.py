@@ -70,7 +70,7 @@ def _sparse_quality(d: dict) -> Iterator[Row]:
                "", None, None, None, "equal to dense", p["pass"])
 
 
-def _spec(d: dict) -> Iterator[Row]:
+def spec_rows(d: dict) -> Iterator[Row]:
     for r in d["rows"]:
         if r["spec"] == "none":
             continue
@@ -226,18 +226,18 @@ SOURCES: dict[str, tuple[str, Callable[[dict], Iterator[Row]]]] = {
     "decode": ("decode.json", _decode),
     "context_sweep": ("context_sweep.json", _context_sweep),
     "sparse_quality": ("sparse_quality.json", _sparse_quality),
-    "spec": ("spec.json", _spec),
-    "verify budget": ("verify_budget/spec.json", _spec),
-    "verify budget, drafter cost priced": ("spec_budget_calibrated.json", _spec),
-    "adaptive budget, lazy drafter observation": ("spec_adaptive_lazy_observe.json", _spec),
-    "adaptive budget, pooled acceptance, vs fixed lengths": ("spec_pooled_acceptance.json", _spec),
-    "adaptive budget, pooled acceptance, median of 3": ("spec_adaptive_repeats.json", _spec),
-    "retrained drafters, 6 engines interleaved": ("spec_retrained_interleaved.json", _spec),
-    "calibrated confidences, 4 prompts per kind": ("spec_calibrated.json", _spec),
-    "short learned drafts (k=1, 2) and the budget that finds them": ("spec_short_drafts.json", _spec),
+    "spec": ("spec.json", spec_rows),
+    "verify budget": ("verify_budget/spec.json", spec_rows),
+    "verify budget, drafter cost priced": ("spec_budget_calibrated.json", spec_rows),
+    "adaptive budget, lazy drafter observation": ("spec_adaptive_lazy_observe.json", spec_rows),
+    "adaptive budget, pooled acceptance, vs fixed lengths": ("spec_pooled_acceptance.json", spec_rows),
+    "adaptive budget, pooled acceptance, median of 3": ("spec_adaptive_repeats.json", spec_rows),
+    "retrained drafters, 6 engines interleaved": ("spec_retrained_interleaved.json", spec_rows),
+    "calibrated confidences, 4 prompts per kind": ("spec_calibrated.json", spec_rows),
+    "short learned drafts (k=1, 2) and the budget that finds them": ("spec_short_drafts.json", spec_rows),
     "speculation vs transformers": ("spec_peer.json", _spec_peer),
-    "drafters": ("spec_drafters.json", _spec),
-    "drafters, long documents": ("spec_drafters_longdoc.json", _spec),
+    "drafters": ("spec_drafters.json", spec_rows),
+    "drafters, long documents": ("spec_drafters_longdoc.json", spec_rows),
     "transfer": ("transfer.json", _transfer),
     "residency": ("residency.json", _residency),
     "serve": ("serve-short_chat.json", _serve),
@@ -254,13 +254,19 @@ def _cell(value) -> str:
 
 def build(results: Path, gpu: Path | None = None) -> str:
     """The report's markdown for ``results`` (and GPU JSONs in ``gpu``, if given)."""
-    lines = [f"# Benchmark report: `{results}`", "",
-             "| benchmark | figure | unit | ours | baseline (same run) | ratio | target | pass |",
-             "|---|---|---|---|---|---|---|---|"]
     sources = [(name, results / file, fn) for name, (file, fn) in SOURCES.items()]
     if gpu is not None:
         sources.append(("gpu kernels", gpu / "gpu_kernels.json", _gpu_kernels))
         sources.append(("gpu decode", gpu / "gpu_decode.json", _gpu_decode))
+    return render(f"# Benchmark report: `{results}`", sources)
+
+
+def render(title: str, sources: list[tuple[str, Path, Callable[[dict], Iterator[Row]]]]) -> str:
+    """One table of every source's rows: ``(name, JSON path, rows of its JSON)``; a missing JSON
+    is listed as not run."""
+    lines = [title, "",
+             "| benchmark | figure | unit | ours | baseline (same run) | ratio | target | pass |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, path, fn in sources:
         if not path.is_file():
             lines.append(f"| {name} | not run (no `{path.name}`) | | | | | | |")
