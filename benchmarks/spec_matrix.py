@@ -7,7 +7,7 @@ then ``matrix.md``: every run's targets and its rows in ``benchmarks.report``'s 
 
 The matrix is long (about 4 h on a 2-core CPU), so it is resumable across sittings: a run whose
 JSON is in the folder is kept if it measured the same ``services/`` tree (the engine, drafters
-and weights: ``git rev-parse HEAD:services``) and run again otherwise. ``manifest.json`` records
+and weights: ``git rev-parse HEAD:services``) with the same arguments, and run again otherwise. ``manifest.json`` records
 each run's commit, services tree and wall time. A dirty ``services/`` tree is refused: its
 figures could not be tied to any commit.
 
@@ -48,16 +48,17 @@ class Run:
 def matrix() -> list[Run]:
     """Every run, cheapest kinds first (a sitting that ends part-way keeps whole kinds)."""
     runs = [Run("block8_acceptance_chat", ("--kinds", "chat", "--concurrency", "16", "--prompts", "132",
-                                           "--max-tokens", "256", "--settings", "none,dspark:7,dflash:7,dflash2:7"), 20)]
+                                           "--max-tokens", "256", "--settings", "none,dspark:7,dflash:7,dflash2:7"), 18)]
     for attention in ("dense", "sparse"):
         at = ("--attention", attention)
         runs += [
             Run(f"{attention}_chat_c1_c4", ("--kinds", "chat", "--concurrency", "1,4", "--rounds", "3",
                                             "--max-tokens", "128", "--settings", LEARNED_K2, *PAIRED, *at), 25),
             Run(f"{attention}_chat_c16", ("--kinds", "chat", "--concurrency", "16", "--max-tokens", "128",
-                                          "--settings", LEARNED, *PAIRED, *at), 10),
-            Run(f"{attention}_code_edit", ("--kinds", "code_edit", "--concurrency", "1,4,16",
-                                           "--settings", COPY_HEAVY, *PAIRED, *at), 15),
+                                          "--settings", LEARNED, *PAIRED, *at), 3),
+            # 3 rounds of 128 tokens: one batch of 64 put c=4's A/A control at 1.04 (one repeat 1.08)
+            Run(f"{attention}_code_edit", ("--kinds", "code_edit", "--concurrency", "1,4,16", "--rounds", "3",
+                                           "--max-tokens", "128", "--settings", COPY_HEAVY, *PAIRED, *at), 30),
             Run(f"{attention}_long_doc_c1_c4", ("--kinds", "long_doc_qa", "--concurrency", "1,4", "--prompts", "4",
                                                 "--settings", LEARNED, *PAIRED, *at), 25),
         ]
@@ -80,9 +81,12 @@ def services_state() -> dict:
 
 
 def pending(runs: list[Run], folder: Path, manifest: dict, state: dict) -> list[Run]:
-    """The runs whose JSON is missing or measured another ``services/`` tree."""
-    return [r for r in runs if not (folder / f"{r.name}.json").is_file()
-            or manifest.get(r.name, {}).get("services_tree") != state["services_tree"]]
+    """The runs whose JSON is missing or measured another ``services/`` tree or other arguments."""
+    def kept(run: Run) -> bool:
+        facts = manifest.get(run.name, {})
+        return ((folder / f"{run.name}.json").is_file() and facts.get("services_tree") == state["services_tree"]
+                and facts.get("args") == list(run.args))
+    return [r for r in runs if not kept(r)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """benchmarks.spec_matrix: the matrix covers every cell issue #5 names, resumes only runs of the
-same services/ tree, refuses a dirty tree, and names every failed target in matrix.md."""
+same services/ tree and arguments, refuses a dirty tree, and names every failed target in matrix.md."""
 
 import itertools
 import json
@@ -46,8 +46,11 @@ def test_pending_reruns_missing_and_other_tree_runs_and_summary_names_failures(t
     state = {"commit": "c" * 40, "services_tree": "a" * 40}
     (tmp_path / f"{runs[0].name}.json").write_text(json.dumps(_spec_json({"all_lossless": True})))
     (tmp_path / f"{runs[1].name}.json").write_text(json.dumps(_spec_json({"all_lossless": True, "x_target": False})))
-    manifest = {runs[0].name: dict(state, wall_s=10.0), runs[1].name: dict(state, services_tree="b" * 40)}
+    manifest = {runs[0].name: dict(state, wall_s=10.0, args=list(runs[0].args)),
+                runs[1].name: dict(state, services_tree="b" * 40, args=list(runs[1].args))}
     assert sm.pending(runs, tmp_path, manifest, state) == runs[1:]  # other tree, then missing
+    other_args = {**manifest, runs[0].name: dict(manifest[runs[0].name], args=["--kinds", "chat"])}
+    assert sm.pending(runs, tmp_path, other_args, state) == runs  # the same tree with other arguments
     text = sm.summary(runs, tmp_path, manifest)
     assert f"| {runs[0].name} | cccccccccc | aaaaaaaaaa | 10.0 | 1/1 pass |" in text
     assert f"| {runs[2].name} | not run | | | |" in text
