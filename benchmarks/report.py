@@ -88,7 +88,7 @@ def spec_rows(d: dict) -> Iterator[Row]:
             ok = r["speedup_vs_none"] >= 1.0 - band
         yield (f"speculation {r['spec']} k={r['spec_tokens']} {budget}, {where} vs none",
                "tok/s", r["tokens_per_s"], r["tokens_per_s"] / r["speedup_vs_none"], r["speedup_vs_none"], target, ok)
-        if learned and r["kind"] == "chat" and r["spec_tokens"] == 7:
+        if learned and r["kind"] == "chat" and r["spec_tokens"] == 7 and budget == "fixed":  # adaptive drafts are cut
             length = r["mean_acceptance_length"]
             yield (f"{r['spec']} mean acceptance length, block 8, {where}", "tokens/verify", length, None, None,
                    ">= 2.0", length >= 2.0)

@@ -36,9 +36,11 @@ def test_every_attention_kind_and_concurrency_has_fixed_adaptive_and_an_aa_contr
 
 
 def _spec_json(targets: dict) -> dict:
-    row = {"attention": "dense", "kind": "chat", "concurrency": 1, "spec": "dspark", "spec_tokens": 1,
+    row = {"attention": "dense", "kind": "chat", "concurrency": 16, "spec": "dspark", "spec_tokens": 1,
            "verify_budget": "fixed", "tokens_per_s": 12.0, "speedup_vs_none": 1.2, "mean_acceptance_length": 1.5}
-    return {"rows": [row], "targets": targets}
+    # an adaptive k=7 row that drafted nothing: not a block-8 acceptance figure
+    adaptive = dict(row, spec_tokens=7, verify_budget="adaptive", speedup_vs_none=1.0, mean_acceptance_length=0.0)
+    return {"rows": [row, adaptive], "targets": targets}
 
 
 def test_pending_reruns_missing_and_other_tree_runs_and_summary_names_failures(tmp_path):
@@ -55,7 +57,8 @@ def test_pending_reruns_missing_and_other_tree_runs_and_summary_names_failures(t
     assert f"| {runs[0].name} | cccccccccc | aaaaaaaaaa | 10.0 | 1/1 pass |" in text
     assert f"| {runs[2].name} | not run | | | |" in text
     assert f"Failed targets: {runs[1].name}: x_target." in text and "Services trees measured: 2" in text
-    assert "speculation dspark k=1 fixed, chat c=1 vs none" in text  # the rows, in report's table
+    assert "speculation dspark k=1 fixed, chat c=16 vs none" in text  # the rows, in report's table
+    assert "mean acceptance length" not in text and "| FAIL |" not in text
 
 
 def test_a_dirty_services_tree_is_refused(tmp_path, monkeypatch):
