@@ -5,7 +5,7 @@ then ``matrix.md``: every run's targets and its rows in ``benchmarks.report``'s 
     python -m benchmarks.spec_matrix --list                 # the runs, their arguments, rough CPU minutes
     python -m benchmarks.spec_matrix [--only NAME ...]       # run what the folder lacks, then matrix.md
 
-The matrix is long (about 4 h on a 2-core CPU), so it is resumable across sittings: a run whose
+The matrix is long (about 3 h on a 2-core CPU, mostly the long documents), so it is resumable across sittings: a run whose
 JSON is in the folder is kept if it measured the same ``services/`` tree (the engine, drafters
 and weights: ``git rev-parse HEAD:services``) with the same arguments, and run again otherwise. ``manifest.json`` records
 each run's commit, services tree and wall time. A dirty ``services/`` tree is refused: its
@@ -42,23 +42,24 @@ PAIRED = ("--lockstep", "--repeats", "2")
 class Run:
     name: str  # the JSON's stem in the folder
     args: tuple[str, ...]  # benchmarks.spec's arguments
-    cpu_minutes: int  # roughly, on the 2-core CPU machine (earlier runs of the same shape)
+    cpu_minutes: int  # roughly, on the 2-core CPU machine (the wall time this matrix measured, else earlier runs)
 
 
 def matrix() -> list[Run]:
-    """Every run, cheapest kinds first (a sitting that ends part-way keeps whole kinds)."""
+    """Every run: block-8 acceptance, then per attention the cheap kinds before the long documents
+    (a sitting that ends part-way keeps whole kinds)."""
     runs = [Run("block8_acceptance_chat", ("--kinds", "chat", "--concurrency", "16", "--prompts", "132",
                                            "--max-tokens", "256", "--settings", "none,dspark:7,dflash:7,dflash2:7"), 18)]
     for attention in ("dense", "sparse"):
         at = ("--attention", attention)
         runs += [
             Run(f"{attention}_chat_c1_c4", ("--kinds", "chat", "--concurrency", "1,4", "--rounds", "3",
-                                            "--max-tokens", "128", "--settings", LEARNED_K2, *PAIRED, *at), 25),
+                                            "--max-tokens", "128", "--settings", LEARNED_K2, *PAIRED, *at), 7),
             Run(f"{attention}_chat_c16", ("--kinds", "chat", "--concurrency", "16", "--max-tokens", "128",
                                           "--settings", LEARNED, *PAIRED, *at), 3),
             # 3 rounds of 128 tokens: one batch of 64 put c=4's A/A control at 1.04 (one repeat 1.08)
             Run(f"{attention}_code_edit", ("--kinds", "code_edit", "--concurrency", "1,4,16", "--rounds", "3",
-                                           "--max-tokens", "128", "--settings", COPY_HEAVY, *PAIRED, *at), 30),
+                                           "--max-tokens", "128", "--settings", COPY_HEAVY, *PAIRED, *at), 10),
             Run(f"{attention}_long_doc_c1_c4", ("--kinds", "long_doc_qa", "--concurrency", "1,4", "--prompts", "4",
                                                 "--settings", LEARNED, *PAIRED, *at), 25),
         ]
@@ -132,12 +133,15 @@ def summary(runs: list[Run], folder: Path, manifest: dict) -> str:
         if not path.is_file():
             lines.append(f"| {run.name} | not run | | | |")
             continue
+        if run.name not in manifest:  # a killed run's partial JSON, or one copied without the manifest
+            lines.append(f"| {run.name} | unrecorded: not counted | | | |")
+            continue
         facts, targets = manifest.get(run.name, {}), json.loads(path.read_text())["targets"]
         failed += [f"{run.name}: {name}" for name, ok in targets.items() if not ok]
         verdict = f"{sum(targets.values())}/{len(targets)} pass"
         lines.append(f"| {run.name} | {facts.get('commit', '?')[:10]} | {facts.get('services_tree', '?')[:10]} | "
                      f"{facts.get('wall_s', '')} | {verdict} |")
-    trees = {manifest.get(r.name, {}).get("services_tree") for r in runs if (folder / f"{r.name}.json").is_file()}
+    trees = {manifest[r.name]["services_tree"] for r in runs if r.name in manifest and (folder / f"{r.name}.json").is_file()}
     lines += ["", f"Failed targets: {', '.join(failed) if failed else 'none'}. "
                   f"Services trees measured: {len(trees)} (one: every figure is of the same engine and drafters).", ""]
     table = render("## Rows", [(r.name, folder / f"{r.name}.json", spec_rows) for r in runs])

@@ -54,6 +54,7 @@ def test_pending_reruns_missing_and_other_tree_runs_and_summary_names_failures(t
     other_args = {**manifest, runs[0].name: dict(manifest[runs[0].name], args=["--kinds", "chat"])}
     assert sm.pending(runs, tmp_path, other_args, state) == runs  # the same tree with other arguments
     text = sm.summary(runs, tmp_path, manifest)
+    assert f"| {runs[0].name} | unrecorded: not counted | | | |" in sm.summary(runs, tmp_path, {})
     assert f"| {runs[0].name} | cccccccccc | aaaaaaaaaa | 10.0 | 1/1 pass |" in text
     assert f"| {runs[2].name} | not run | | | |" in text
     assert f"Failed targets: {runs[1].name}: x_target." in text and "Services trees measured: 2" in text
