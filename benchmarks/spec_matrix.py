@@ -5,9 +5,10 @@ then ``matrix.md``: every run's targets and its rows in ``benchmarks.report``'s 
     python -m benchmarks.spec_matrix --list                 # the runs, their arguments, rough CPU minutes
     python -m benchmarks.spec_matrix [--only NAME ...]       # run what the folder lacks, then matrix.md
 
-The matrix is long (about 3 h on a 2-core CPU, mostly the long documents), so it is resumable across sittings: a run whose
-JSON is in the folder is kept if it measured the same ``services/`` tree (the engine, drafters
-and weights: ``git rev-parse HEAD:services``) with the same arguments, and run again otherwise. ``manifest.json`` records
+The matrix is long (about 3 h on a 2-core CPU, mostly the long documents), so it is resumable
+across sittings: a run whose JSON is in the folder is kept if it measured the same ``services/``
+tree (the engine, drafters and weights: ``git rev-parse HEAD:services``) with the same
+arguments, and run again otherwise. ``manifest.json`` records
 each run's commit, services tree and wall time. A dirty ``services/`` tree is refused: its
 figures could not be tied to any commit.
 
@@ -141,7 +142,8 @@ def summary(runs: list[Run], folder: Path, manifest: dict) -> str:
         verdict = f"{sum(targets.values())}/{len(targets)} pass"
         lines.append(f"| {run.name} | {facts.get('commit', '?')[:10]} | {facts.get('services_tree', '?')[:10]} | "
                      f"{facts.get('wall_s', '')} | {verdict} |")
-    trees = {manifest[r.name]["services_tree"] for r in runs if r.name in manifest and (folder / f"{r.name}.json").is_file()}
+    recorded = [r for r in runs if r.name in manifest and (folder / f"{r.name}.json").is_file()]
+    trees = {manifest[r.name]["services_tree"] for r in recorded}
     lines += ["", f"Failed targets: {', '.join(failed) if failed else 'none'}. "
                   f"Services trees measured: {len(trees)} (one: every figure is of the same engine and drafters).", ""]
     table = render("## Rows", [(r.name, folder / f"{r.name}.json", spec_rows) for r in runs])
