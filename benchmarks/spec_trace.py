@@ -42,10 +42,10 @@ class StepTrace:
         step, execute = engine.step, runner.execute
         propose = speculator.propose if speculator is not None else None
 
-        def traced_propose(running):
+        def traced_propose(running, prefill_tokens=0):
             start = time.perf_counter()
             calls = speculator.num_drafter_calls
-            propose(running)
+            propose(running, prefill_tokens)
             self._current["propose_s"] = time.perf_counter() - start
             self._current["drafter_ran"] = speculator.num_drafter_calls > calls
             plan = speculator.plan

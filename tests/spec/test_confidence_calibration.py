@@ -25,21 +25,51 @@ def test_confidence_calibration_starts_as_identity_and_learns_an_overconfident_h
     assert all(a <= b for a, b in zip(rates, rates[1:]))
 
 
-def test_confidence_calibration_counts_only_positions_whose_prefix_survived():
+def test_confidence_calibration_counts_only_positions_whose_prefix_survived_each_at_its_depth():
     cal = ConfidenceCalibration()
-    cal.observe([0.95, 0.95, 0.95, 0.15], 0)  # one trial (failed); the rest were never tried
-    assert cal.trials[9] == pytest.approx(5.0) and cal.survived[9] == pytest.approx(3.8)
-    assert cal.trials[1] == pytest.approx(4.0)
-    cal.observe([0.95, 0.15, 0.95], 3)  # all three survived: three trials, two bins
-    assert cal.trials[9] == pytest.approx(7.0) and cal.survived[9] == pytest.approx(5.8)
-    assert cal.trials[1] == pytest.approx(5.0) and cal.survived[1] == pytest.approx(1.6)
+    cal.observe([0.95, 0.95, 0.95, 0.15], 0)  # one trial (failed) at depth 0; the rest were never tried
+    assert cal.trials[0][9] == 1.0 and cal.survived[0][9] == 0.0
+    assert sum(map(sum, cal.trials)) == 1.0
+    cal.observe([0.95, 0.15, 0.95, 0.95], 3)  # three survived, the fourth failed: four trials
+    assert cal.trials[0][9] == 2.0 and cal.survived[0][9] == 1.0
+    assert cal.trials[1][1] == 1.0 and cal.survived[1][1] == 1.0
+    # depths from DEPTHS - 1 on share the last map
+    assert cal.trials[2][9] == 2.0 and cal.survived[2][9] == 1.0
+    assert sum(map(sum, cal.trials)) == 5.0
+
+
+def test_each_depth_learns_its_own_map_starting_from_the_depth_before():
+    """A head that is right about first positions and says the same of second positions that
+    never survive (code_edit's DSpark, briefly): the second depth's map falls, the first's keeps
+    its rate, and the third, never tried, reads as the second."""
+    cal = ConfidenceCalibration()
+    for i in range(100):
+        cal.observe([0.85, 0.85], 2 if i % 10 < 8 else 0)  # 80 of 100 firsts survive; every second that is tried: yes
+    for _ in range(80):
+        cal.observe([0.85, 0.85], 1)  # from now on every second fails
+    first, second, third = cal([0.85, 0.85, 0.85])
+    # depth 0, bin 0.8-0.9: (160 + 4 * 0.85) / (180 + 4)
+    assert first == pytest.approx((160 + 4 * 0.85) / 184)
+    # depth 1, the same bin: 80 survived of 160, + 4 pseudo-trials at depth 0's rate there; below
+    # its neighbours' priors (depth 0's rates: 0.55, 0.65, 0.75), so the isotonic fit pools them
+    assert second == pytest.approx((80 + 4 * first + 4 * (0.55 + 0.65 + 0.75)) / (164 + 12))
+    assert third == pytest.approx(second)  # depth 2: no trials, its prior is depth 1's map
+    # the best survival a depth maps any confidence to: its top bin, never measured here (0.95)
+    assert cal.best(0) == cal.rates(0)[-1] == pytest.approx(0.95) and cal.best(1) == pytest.approx(0.95)
+    for _ in range(20):
+        cal.observe([0.95, 0.95], 1)
+    assert cal.best(0) == pytest.approx((20 + 4 * 0.95) / 24)
+    # depth 1's top bin: 20 failures against 4 pseudo-trials at depth 0's top rate (0.17), below
+    # the pooled bins 0.5-0.9 (0.52), so the isotonic fit pools it with them
+    pooled = (4 * cal.best(0) + 80 + 4 * first + 4 * (0.55 + 0.65 + 0.75)) / (24 + 176)
+    assert cal.best(1) == cal.rates(1)[-1] == pytest.approx(pooled) and pooled < 0.5
 
 
 def test_confidence_calibration_forgets_old_counts_beyond_its_cap():
     cal = ConfidenceCalibration()
     for _ in range(1000):
         cal.observe([0.75], 1)
-    assert cal.trials[7] == pytest.approx(cal.MAX_TRIALS, rel=0.01)
+    assert cal.trials[0][7] == pytest.approx(cal.MAX_TRIALS, rel=0.01)
     for _ in range(400):
         cal.observe([0.75], 0)
     # after the text changed, the rate follows: about half the capped counts are new failures
@@ -78,7 +108,7 @@ def test_the_engine_calibrates_a_drafters_confidences_by_what_it_verifies(loaded
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     steps = outs[0].stats["num_verify_steps"]
     assert steps > 10 and outs[0].stats["accepted_tokens"] == 0
-    assert speculator.calibration.trials[9] == pytest.approx(ConfidenceCalibration.PRIOR_TRIALS + steps)
-    assert speculator.calibration.survived[9] == pytest.approx(0.95 * ConfidenceCalibration.PRIOR_TRIALS)
+    assert speculator.calibration.trials[0][9] == steps and sum(map(sum, speculator.calibration.trials)) == steps
+    assert speculator.calibration.survived[0][9] == 0.0
     assert speculator.calibration([0.95])[0] < 0.5
     assert not speculator._confidences  # nothing pending once the requests finished

@@ -269,10 +269,11 @@ def test_requests_start_from_the_drafters_pooled_profile(loaded_model):
 @pytest.mark.parametrize("confidences", [True, False])
 def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_context_is_ready(confidences):
     """The gate's predicted length (survival 0.5, a step table where one verified token is
-    almost free and a second costs a full step) is 1, so a drafter with confidences is asked for
-    2 tokens (its confidences may use the headroom), one without for 1 (nothing after its call
-    could lengthen the draft), not spec_tokens; ``prepare`` (the deferred context work) runs
-    before the timed call; a skipped step relaxes the drafter's cost correction."""
+    almost free and a second costs a full step) is 1, so the drafter is asked for 1 token, not
+    spec_tokens: one without confidences gets no headroom (nothing after its call could lengthen
+    the draft), and one with none here (a second token costing a full step could not pay at any
+    confidence; ``test_gate_headroom.py``); ``prepare`` (the deferred context work) runs before
+    the timed call; a skipped step relaxes the drafter's cost correction."""
     from services.decoder.engine.speculation import Speculator
     from services.decoder.spec.drafter import Draft, Drafter
     from services.decoder.spec.verify_budget import BudgetProfile
@@ -297,7 +298,7 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     assert choose_draft_lengths([[0.5] * 7], 1, 1, steps) == [1]
     speculator.profile = BudgetProfile(steps, CostTable((1, 16), (0.0, 0.0)))
     speculator.propose([request])
-    assert calls == [("prepare", ["r"]), ("propose", [1 + (speculator.LENGTH_HEADROOM if confidences else 0)])]
+    assert calls == [("prepare", ["r"]), ("propose", [1])]
     assert request.draft_ids == [7]  # the rate-based cut after drafting: the predicted length
     # a drafter measured at 1 s per call (capped at 2x its profiled cost per measurement) is skipped,
     # and each skipped step relaxes its correction towards the profile

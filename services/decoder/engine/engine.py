@@ -25,7 +25,8 @@ from services.decoder.engine.residency_controller import (
 )
 from services.decoder.engine.sampling_params import InvalidRequestError, SamplingParams
 from services.decoder.engine.scheduler import Scheduler
-from services.decoder.engine.speculation import Speculator, build_drafter
+from services.decoder.engine.drafter_build import build_drafter
+from services.decoder.engine.speculation import Speculator
 from services.decoder.engine.step_profile import profile_engine
 from services.decoder.engine.stop_checker import StopChecker
 from services.decoder.kv.host_tier import HostTier

@@ -36,22 +36,13 @@ from collections.abc import Callable
 
 import torch
 
-from services.decoder.config import DTYPES, DecoderConfig
 from services.decoder.engine.request import Request, Residency
 from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.model.attention import AttentionWork
-from services.decoder.model.linear import onednn_bf16_supported
-from services.decoder.model.llama import LlamaModel
 from services.decoder.spec.attention_costs import PATHS, AttentionCosts
 from services.decoder.spec.confidence_calibration import ConfidenceCalibration
 from services.decoder.spec.depth_survival import DepthSurvival, RequestSurvival
-from services.decoder.spec.dflash.drafter import shipped_checkpoint
-from services.decoder.spec.drafter import (
-    LEARNED_DRAFTERS,
-    Drafter,
-    DraftRequest,
-    make_drafter,
-)
+from services.decoder.spec.drafter import Drafter, DraftRequest
 from services.decoder.spec.gate_schedule import GateSchedule
 from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import (
@@ -64,28 +55,11 @@ from services.decoder.spec.verify_budget import (
 )
 
 
-def draft_gemm_dtype(option: str, target_gemm_dtype: torch.dtype) -> torch.dtype:
-    """The drafter's matmul precision for the config option ``draft_gemm_dtype``."""
-    if option == "auto":
-        return torch.bfloat16 if onednn_bf16_supported() else target_gemm_dtype
-    return DTYPES[option]
-
-
-def build_drafter(config: DecoderConfig, target: LlamaModel) -> Drafter | None:
-    if config.spec == "ngram":
-        return make_drafter("ngram", min_n=config.ngram_min_n, max_n=config.ngram_max_n)
-    if config.spec in LEARNED_DRAFTERS:
-        checkpoint = config.draft_model or shipped_checkpoint(config.spec)
-        return make_drafter(config.spec, target=target, checkpoint=checkpoint,
-                            gemm_dtype=draft_gemm_dtype(config.draft_gemm_dtype, target.gemm_dtype))
-    return make_drafter(config.spec)
-
-
 class Speculator:
-    # draft positions a drafter with confidences is asked for beyond the gate's predicted length.
-    # One without confidences gets none: after its call the budget knows nothing new of the draft,
-    # so the headroom was scored by the drafter (0.35 ms per position at c=4) and then cut or
-    # verified on a sunk-cost price (c=4: 9-token steps where fixed k=1 ran 8, 5 ms dearer)
+    # draft positions a drafter with confidences is asked for beyond the gate's predicted length
+    # (the gate prices them: 0.7 ms of a 32 ms step at c=1). One without confidences gets none:
+    # after its call the budget knows nothing new of the draft, so the headroom was scored and
+    # then verified on a sunk-cost price (c=4: 9-token steps where fixed k=1 ran 8, 5 ms dearer)
     LENGTH_HEADROOM = 1
     # the drafter runs only if the step's drafts promise this much more throughput than none (a
     # margin for the noise of the estimates that picked them). Priced per request count, the model
@@ -111,6 +85,7 @@ class Speculator:
         self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
         # (requests, the gate's plan) of a step whose drafter ran
         self._promise: tuple[int, DraftPlan] | None = None
+        self._promised_s = 0.0  # what that step is held to: the plan after the call + the call's price
         self._propose_s = 0.0  # the coming step's proposal (drafter call, budget), its backlog apart
         self._backlog = (0.0, 0)  # the coming step's deferred context work: (seconds, positions)
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
@@ -163,9 +138,8 @@ class Speculator:
         if promise is not None:
             self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
-            plan = promise[1]
-            backlog_s = RealizedGain.steady_backlog_s(*self._backlog, plan.expected_committed)
-            self.realized.observe(plan.seconds, seconds + self._propose_s + backlog_s)
+            backlog_s = RealizedGain.steady_backlog_s(*self._backlog, promise[1].expected_committed)
+            self.realized.observe(self._promised_s, seconds + self._propose_s + backlog_s)
         if promise is None and decoded is not None and num_tokens == decoded[0]:
             self.schedule.measured_plain_step(num_tokens, seconds)  # the base the gate prices
         if self.attention_costs is not None and attention is not None:
@@ -268,16 +242,21 @@ class Speculator:
         self._backlog = (time.perf_counter() - start, positions)
         start = time.perf_counter()
         drafts = self.drafter.propose_batch(asks)
-        draft_s = time.perf_counter() - start
+        draft_s, call_s = time.perf_counter() - start, 0.0
         if self.draft_costs is not None:
             # the table prices one position per request: the modelled rest is taken off first
             extra_s = self.profile.draft_s_per_position(len(asks)) * (sum(a.max_tokens for a in asks) - len(asks))
+            call_s = self.draft_costs.seconds_at(len(asks)) + extra_s  # the call's price
             self.draft_costs.observe(len(asks), draft_s - extra_s)
         self.num_drafter_calls += 1
         if self.profile is not None:
             survivals = [self.calibration(d.confidences) if d.confidences else self._gate_survival(r, len(d.tokens))
                          for r, d in zip(drafting, drafts)]
             plan = self._plan(running, drafting, survivals)
+            # the step is held to what it runs: a draft the confidences cut or lengthened is
+            # priced as such (a lengthened one read as the gate's shortfall: at c=1 a 3-row step
+            # costs 27% more than a 2-row one, and one such step put the gate off for ~10 steps)
+            self._promised_s = plan.seconds + call_s
             lengths = plan.lengths
             if any(lengths):
                 self.plan = plan
@@ -316,9 +295,10 @@ class Speculator:
         drafting steps against their promises (``RealizedGain``). Returns the kept requests, their
         asks and the gate's plan."""
         draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
+        per_position_s = self.profile.draft_s_per_position(len(drafting))
+        headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
-                          draft_s, self.realized.required_gain(self.MIN_GAIN),
-                          self.profile.draft_s_per_position(len(drafting)))
+                          draft_s, self.realized.required_gain(self.MIN_GAIN), per_position_s, headroom * per_position_s)
         predicted = plan.lengths
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
@@ -327,8 +307,26 @@ class Speculator:
             for request, length in zip(drafting, predicted):
                 if length == 0:
                     self.survival(request).idle()
-        headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
-        return [drafting[i] for i in keep], [min(max_tokens[i], predicted[i] + headroom) for i in keep], plan
+        tokens = sum(1 for r in running if r.num_pending_tokens == 1) + self._prefill_tokens + sum(predicted)
+        asks = [min(max_tokens[i], predicted[i] + (headroom if self._could_lengthen(plan, tokens, drafting[i], predicted[i])
+                                                  else 0)) for i in keep]
+        return [drafting[i] for i in keep], asks, plan
+
+    def _could_lengthen(self, plan: DraftPlan, tokens: int, request: Request, length: int) -> bool:
+        """Whether verifying one more position than ``length`` could pay for ``request`` this
+        step (``tokens``: its batch tokens as planned) at the best survival the calibration maps
+        any confidence to (its top bin, per depth): the headroom is asked for only then. At c=1
+        the third row of a step costs 20-27% more than the second (the GEMM kernels switch), and
+        on code the second position, given the first survived, survived 0 of 12 times at the
+        highest confidences: the headroom cost 0.45 ms of every 33 ms step and its two-token
+        drafts lost to one-token ones."""
+        alive = 1.0
+        for depth in range(length + 1):
+            alive *= self.calibration.best(depth)
+        step_s = self.step_costs.seconds_at(tokens + 1) - self.step_costs.seconds_at(tokens)
+        price_s = (max(step_s, 0.0) + self.fetch_s_per_position(request) + self.attend_s_per_position(request)
+                   + self.profile.draft_s_per_position(len(plan.lengths)))
+        return alive > plan.expected_committed / plan.seconds * price_s
 
     def _skip(self, candidates: list[Request]) -> None:
         """A step where no draft could pay for the drafter: the candidates' evidence ages, and
@@ -359,7 +357,7 @@ class Speculator:
         return self.survival(request).scale
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
-              draft_s_per_position: float = 0.0) -> DraftPlan:
+              draft_s_per_position: float = 0.0, draft_s_per_request: float = 0.0) -> DraftPlan:
         decoding = [r for r in running if r.num_pending_tokens == 1]
         # the base: the decodes' plain step (priced, or measured: ``GateSchedule.plain_s``); beside
         # prefill chunks a drafted position costs one more token at the whole step's size (in a
@@ -373,7 +371,8 @@ class Speculator:
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 base_s=priced_s if measured_s is None else measured_s)
+                                 base_s=priced_s if measured_s is None else measured_s,
+                                 draft_s_per_request=draft_s_per_request)
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""

@@ -35,7 +35,11 @@ every engine of the lockstep run, lifted the kept base to 107 ms and the gate dr
 promised x1.1 where its steps ran at 0.8 of the base: 0.935 of no speculation), and kept at the
 machine speed of its measurement instead, it rose with that speed, which drafting steps raise
 too (dense c=16: 0.96-0.98 where the seconds base read 1.00). The table follows the machine,
-and a base priced low only makes drafting look worse. A measurement also counts as at most
+and a base priced low only makes drafting look worse, but not by much: ``PLAIN_ABOVE_PRICE``.
+A one-token step runs its GEMMs as two rows, so the table prices it at what one-token drafts'
+two-token steps measure, and its own decode path took 0.7-1 ms more (c=1: 27.0 ms against 26.0-26.3
+priced). Capped at the price, the base was 3-4% low, and with the minimum gain the gate asked
+drafts for 6% where one-token DSpark drafts paid 8% (code_edit) and drafted on half the steps. A measurement also counts as at most
 ``PLAIN_MAX_JUMP`` off the figure it updates (one preempted step is not a base).
 """
 
@@ -51,6 +55,7 @@ class GateSchedule:
     REST_LONG_EVERY = 16
     PLAIN_WEIGHT = 0.2  # of the newest plain step in its request count's moving average
     PLAIN_MAX_JUMP = 1.25  # a plain step counts as at most this factor off its count's figure
+    PLAIN_ABOVE_PRICE = 1.05  # the measured base is trusted up to this factor above the table's price
 
     def __init__(self):
         self.drafting_streak = 0  # drafting steps in a row since the last step without drafts
@@ -74,9 +79,9 @@ class GateSchedule:
 
     def plain_s(self, num_requests: int, priced_s: float) -> float | None:
         """The seconds of a plain step of ``num_requests`` requests: the measured figure, at most
-        ``priced_s`` (the table's price of it now); None: none measured."""
+        ``PLAIN_ABOVE_PRICE`` x ``priced_s`` (the table's price of it now); None: none measured."""
         measured = self._plain_s.get(num_requests)
-        return None if measured is None else min(measured, priced_s)
+        return None if measured is None else min(measured, priced_s * self.PLAIN_ABOVE_PRICE)
 
     def control_due(self, padded_base: int) -> bool:
         """Whether the coming step (every running request decoding, its batch tokens without

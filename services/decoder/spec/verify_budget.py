@@ -288,7 +288,7 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
                       fetch_s_per_position: list[float] | None = None, draft_s: float = 0.0,
                       min_gain: float = 0.0, draft_s_per_position: float = 0.0,
                       attend_s_per_position: list[float] | None = None, base_extra_s: float = 0.0,
-                      base_s: float | None = None) -> DraftPlan:
+                      base_s: float | None = None, draft_s_per_request: float = 0.0) -> DraftPlan:
     """Draft lengths for all requests of a step at once, maximising the step's expected committed
     tokens per second: ``(committed_base + sum of accepted-position probabilities) /
     (step_s(tokens_base + verified draft tokens) + fetch seconds)``.
@@ -310,7 +310,8 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     without drafts cost beyond the table (their attention and host fetches). ``base_s``: the
     measured seconds of the step without drafts, where known (it replaces ``base_extra_s``): every
     price is shifted by what it differs from the table's (the table keeps the marginal seconds of
-    the drafted positions)."""
+    the drafted positions). ``draft_s_per_request``: seconds charged once per request that
+    drafts (the positions it is asked for beyond its length: ``LENGTH_HEADROOM``)."""
     fetch = fetch_s_per_position or [0.0] * len(confidences)
     attend = attend_s_per_position or [0.0] * len(confidences)
     # marginal seconds of one more verified position of request r: the step's slope + its fetches
@@ -320,7 +321,7 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
     heap = []  # (-P(position accepted) / its price, request, position index)
     for r, conf in enumerate(confidences):
         if conf:
-            heapq.heappush(heap, (-conf[0] / price[r], r, 0))
+            heapq.heappush(heap, (-conf[0] / (price[r] + draft_s_per_request), r, 0))
     alive = [1.0] * len(confidences)
     lengths = [0] * len(confidences)
     # position_s: the seconds the step costs beyond the table's (the base step's attention and
@@ -347,7 +348,7 @@ def choose_draft_plan(confidences: list[list[float]], committed_base: int, token
         expected += alive[r]
         left -= alive[r]
         tokens += 1
-        position_s += fetch[r] + attend[r] + draft_s_per_position
+        position_s += fetch[r] + attend[r] + draft_s_per_position + (draft_s_per_request if k == 0 else 0.0)
         lengths[r] = k + 1
         # a step with more tokens never costs less: a calibrated table can dip between anchors
         # measured at different times (a slow first decode step next to a fast prefill)

@@ -1,0 +1,75 @@
+"""The positions a drafter with confidences is asked for beyond the gate's predicted length (the
+headroom): priced by the gate, asked only where a longer draft could pay, and a step whose draft
+the confidences lengthened is held to what it runs, not to the gate's shorter promise."""
+
+import pytest
+
+from services.decoder.spec.verify_budget import BudgetProfile, CostTable, choose_draft_plan
+from tests.spec.test_verify_budget_costs import _decoding_request
+
+# 10 ms for one or two tokens (one token runs as two rows), the third row 3 ms more, flat after
+STEP = CostTable((1, 2, 3, 64), (0.010, 0.010, 0.013, 0.013))
+
+
+def test_the_headroom_is_charged_once_per_drafting_request():
+    """Two requests at survival 0.5, a flat 10 ms step: each request's draft costs its asked
+    headroom once (2 ms), whatever its length: two 2-token drafts commit 3.5 tokens in 14 ms
+    (250/s against 200/s without), not in 18 (a charge per position, 194/s: no draft at all)."""
+    flat = CostTable((1, 64), (0.010, 0.010))
+    plan = choose_draft_plan([[0.5, 0.5], [0.5, 0.5]], 2, 2, flat, draft_s_per_request=0.002)
+    assert plan.lengths == [2, 2]
+    assert plan.seconds == pytest.approx(0.014) and plan.expected_committed == pytest.approx(3.5)
+    assert choose_draft_plan([[0.5, 0.5], [0.5, 0.5]], 2, 2, flat, draft_s_per_request=0.004).lengths == [0, 0]
+
+
+def _speculator(monkeypatch):
+    """One request, a drafter that proposes at confidence 0.99 (the calibration's top bin: 0.95)
+    priced at nothing, the pooled survival at its prior 0.5, and a clock that stands still (the
+    proposal takes no time): the gate predicts one token (1.5 in 10 ms beats 1.75 in 13)."""
+    import services.decoder.engine.speculation as speculation
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    monkeypatch.setattr(speculation.time, "perf_counter", lambda: 0.0)
+
+    class Confident(Drafter):
+        name = "confident"
+        prior_acceptance = 0.5
+        has_confidences = True
+        asked: list[int] = []
+
+        def propose_batch(self, requests):
+            Confident.asked += [r.max_tokens for r in requests]
+            return [Draft([7] * r.max_tokens, [0.99] * r.max_tokens) for r in requests]
+
+    Confident.asked = []
+    speculator = speculation.Speculator(Confident(), spec_tokens=3)
+    speculator.profile = BudgetProfile(STEP, CostTable((1, 16), (0.0, 0.0)))
+    return speculator, _decoding_request(), Confident
+
+
+def test_a_draft_the_confidences_lengthen_is_held_to_its_own_price(monkeypatch):
+    speculator, request, drafter = _speculator(monkeypatch)
+    speculator.propose([request])
+    assert speculator.promise.lengths == [1] and speculator.promise.seconds == pytest.approx(0.010)
+    # the headroom: a second position at the best calibrated survival (0.95 x 0.95 = 0.90 tokens)
+    # against 3 ms more step at the plan's 150 tokens/s (0.45 tokens)
+    assert drafter.asked == [2]
+    # the confidences (0.95 each) make two tokens pay: 2.85 tokens in 13 ms against 1.95 in 10
+    assert request.draft_ids == [7, 7] and speculator.plan.seconds == pytest.approx(0.013)
+    speculator.observe_step(3, 0.013, decoded=(1, 3))  # the step took what its plan priced
+    # held to the gate's 10 ms, the 13 ms step read as a 23% shortfall and raised the bar
+    assert speculator.realized.factor == pytest.approx(1.0)
+    assert speculator.realized.required_gain(0.02) == pytest.approx(0.02)
+
+
+def test_no_headroom_where_the_second_position_never_survives(monkeypatch):
+    """The calibration has learnt that second positions fail at every confidence it saw (code at
+    c=1): a longer draft could not pay even at the best survival it maps to, so the drafter is
+    asked for the predicted length only."""
+    speculator, request, drafter = _speculator(monkeypatch)
+    for _ in range(100):
+        speculator.calibration.observe([0.99, 0.99], 1)  # firsts survive, seconds fail
+    # its top bin pooled by the isotonic fit with the unmeasured bins below it: 0.15
+    assert speculator.calibration.best(1) < 0.2
+    speculator.propose([request])
+    assert drafter.asked == [1] and request.draft_ids == [7]
