@@ -17,8 +17,8 @@ every few steps, and plain and control steps measure the base it prices: ``spec/
 The gate holds itself to its prices: every drafting step reports the seconds it took (proposal and
 target pass) against what the gate priced it at, and a shortfall raises the gain a draft must
 promise (``RealizedGain``). A request that drafts is asked for its predicted length only, +
-``LENGTH_HEADROOM`` tokens for a drafter with confidences (they may show a longer draft is worth
-it): a block drafter then scores only those positions, which on a 2-core CPU is what lets one- and
+``LENGTH_HEADROOM`` tokens for a drafter with confidences where a longer draft could pay (they may
+show it is worth it): a block drafter then scores only those positions, which on a 2-core CPU is what lets one- and
 two-token drafts pay at concurrency 1.
 
 The pooled profile (``Speculator.depth``) counts every verified draft of every request. It starts
@@ -307,26 +307,30 @@ class Speculator:
             for request, length in zip(drafting, predicted):
                 if length == 0:
                     self.survival(request).idle()
-        tokens = sum(1 for r in running if r.num_pending_tokens == 1) + self._prefill_tokens + sum(predicted)
-        asks = [min(max_tokens[i], predicted[i] + (headroom if self._could_lengthen(plan, tokens, drafting[i], predicted[i])
-                                                  else 0)) for i in keep]
+        if headroom and keep:
+            # one more verified token: the step's next row + asking the drafter for it, at the plan's rate
+            tokens = sum(1 for r in running if r.num_pending_tokens == 1) + self._prefill_tokens + sum(predicted)
+            step_s = max(self.step_costs.seconds_at(tokens + 1) - self.step_costs.seconds_at(tokens), 0.0)
+            rate = plan.expected_committed / plan.seconds
+            headrooms = [headroom if self._could_lengthen(drafting[i], predicted[i], rate, step_s + per_position_s)
+                         else 0 for i in keep]
+        else:
+            headrooms = [0] * len(keep)
+        asks = [min(max_tokens[i], predicted[i] + extra) for i, extra in zip(keep, headrooms)]
         return [drafting[i] for i in keep], asks, plan
 
-    def _could_lengthen(self, plan: DraftPlan, tokens: int, request: Request, length: int) -> bool:
+    def _could_lengthen(self, request: Request, length: int, rate: float, position_s: float) -> bool:
         """Whether verifying one more position than ``length`` could pay for ``request`` this
-        step (``tokens``: its batch tokens as planned) at the best survival the calibration maps
-        any confidence to (its top bin, per depth): the headroom is asked for only then. At c=1
-        the third row of a step costs 20-27% more than the second (the GEMM kernels switch), and
-        on code the second position, given the first survived, survived 0 of 12 times at the
-        highest confidences: the headroom cost 0.45 ms of every 33 ms step and its two-token
-        drafts lost to one-token ones."""
+        step (``rate``: the plan's committed tokens per second; ``position_s``: the step's next row
+        and the drafter's price of it) at the best survival the calibration maps any confidence
+        to (its top bin, per depth): the headroom is asked for only then. At c=1 the third row of
+        a step costs 20-27% more than the second (the GEMM kernels switch), and on code the second
+        position, given the first survived, survived 0 of 12 times at the highest confidences:
+        the headroom cost 0.45 ms of every 33 ms step and its two-token drafts lost to one-token ones."""
         alive = 1.0
         for depth in range(length + 1):
             alive *= self.calibration.best(depth)
-        step_s = self.step_costs.seconds_at(tokens + 1) - self.step_costs.seconds_at(tokens)
-        price_s = (max(step_s, 0.0) + self.fetch_s_per_position(request) + self.attend_s_per_position(request)
-                   + self.profile.draft_s_per_position(len(plan.lengths)))
-        return alive > plan.expected_committed / plan.seconds * price_s
+        return alive > rate * (position_s + self.fetch_s_per_position(request) + self.attend_s_per_position(request))
 
     def _skip(self, candidates: list[Request]) -> None:
         """A step where no draft could pay for the drafter: the candidates' evidence ages, and

@@ -46,7 +46,8 @@ class ConfidenceCalibration:
         """A verified draft: ``confidences`` of the positions verified, ``num_accepted`` of them
         accepted (a prefix); positions after the first rejection were never tried."""
         for depth, confidence in enumerate(confidences[: num_accepted + 1]):
-            trials, survived = self.trials[min(depth, self.DEPTHS - 1)], self.survived[min(depth, self.DEPTHS - 1)]
+            at = min(depth, self.DEPTHS - 1)
+            trials, survived = self.trials[at], self.survived[at]
             b = self._bin(confidence)
             trials[b] += 1.0
             survived[b] += 1.0 if depth < num_accepted else 0.0
