@@ -325,3 +325,31 @@ def test_packed_linears_serve_in_the_gemm_dtype_and_train_exactly():
     with torch.no_grad():
         layer.weight.mul_(2.0)
         torch.testing.assert_close(layer(x), 2 * ref, rtol=2**-8, atol=2e-4)
+
+
+def test_fused_projections_equal_the_separate_ones_and_leave_the_checkpoint_alone():
+    """Serving joins each draft layer's q / k / v, gate / up, and every layer's context k / v
+    into one matmul each (``FusedLinear``): their outputs equal the separate linears' (fp32
+    kernels: exactly the same dot products), the state dict keeps its names and tensors, and a
+    call needing gradients stays exact (``F.linear`` on the joined weights)."""
+    from services.decoder.spec.dflash.layers import pack_linears
+
+    cfg = small_config("dspark")
+    net = random_net(cfg, seed=5)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    pack_linears(net)
+    after = net.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    attn, mlp = net.layers[1].self_attn, net.layers[1].mlp
+    x = torch.randn(3, cfg.hidden_size, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        q, k, v = attn.qkv(x)
+        gate, up = mlp.gate_up(x)
+        context = net.context_projection(x)
+        separate = [x @ p.weight.T for p in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)]
+        per_layer = [x @ p.weight.T for layer in net.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
+    for fused, alone in zip([q, k, v, gate, up, *context], separate + per_layer, strict=True):
+        torch.testing.assert_close(fused, alone, rtol=1e-5, atol=1e-6)
+    trained = attn.qkv(x)[2]  # with autograd: the weights themselves
+    trained.sum().backward()
+    assert attn.v_proj.weight.grad is not None and torch.equal(trained.detach(), x @ attn.v_proj.weight.detach().T)

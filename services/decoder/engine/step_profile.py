@@ -23,6 +23,12 @@ PAGE_LIST_PROFILE_TOKENS = (1, 4, 16, 64)
 # 64 rows, oneDNN's) for its block (8 rows per request) and head (up to 7 per request) before
 # anything is timed, while serving never: a draft call must not be priced at a pack build
 PACK_WARMUP_REQUESTS = (1, 2, 4, 8, 16)
+# positions per request of the call that prices one more asked position: the budget mostly
+# weighs the first extra positions, and right after a target step they cost the most (the Markov
+# head's codebook and the LM head's rows are read cold). DSpark at one request on the 2-core CPU:
+# 1 -> 2 -> 3 positions took +0.15-0.35 and +0.45 ms, where a 7-position call priced each at
+# 0.08-0.18 ms, and the budget took headroom and second tokens it could not pay for (code_edit, c=1)
+PROFILE_DRAFT_POSITIONS = 3
 
 
 def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> BudgetProfile:
@@ -30,8 +36,8 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
     size in ``PROFILE_TOKENS`` on it (median of ``repeats``; its attention apart), on a sparse
     engine the page-list path's attention at ``PAGE_LIST_PROFILE_TOKENS``, a drafter call for it repeated
     ``PROFILE_DRAFT_REQUESTS`` times asking one position each (one untimed call of each size
-    first, then each timed call right after a target step), each again asking ``spec_tokens``
-    positions per request (what one more asked position costs at that many requests: a block
+    first, then each timed call right after a target step), each again asking
+    ``PROFILE_DRAFT_POSITIONS`` positions per request (what one more asked position costs at that many requests: a block
     drafter's heads run per position, and their padded GEMM rows make it no constant) and, with a host tier, the fetch of its written-back pages; then
     aborts it. Run on an idle engine with a drafter attached (at start-up)."""
     vocab = engine.model_config.vocab_size
@@ -81,8 +87,9 @@ def profile_engine(engine, context_tokens: int = 256, repeats: int = 5) -> Budge
                              before=lambda: engine.runner.execute([decode_step]))
 
         draft_seconds = [draft_s(n, 1) for n in PROFILE_DRAFT_REQUESTS]  # one position each
-        # each position beyond the first, per request count: from a call asking spec_tokens each
-        s_per_position = [max(draft_s(n, spec_tokens) - one, 0.0) / (n * (spec_tokens - 1)) if spec_tokens > 1 else 0.0
+        # each position beyond the first, per request count: from a call asking PROFILE_DRAFT_POSITIONS each
+        asked = min(spec_tokens, PROFILE_DRAFT_POSITIONS)
+        s_per_position = [max(draft_s(n, asked) - one, 0.0) / (n * (asked - 1)) if asked > 1 else 0.0
                           for n, one in zip(PROFILE_DRAFT_REQUESTS, draft_seconds)]
         fetch_s = 0.0
         tier = engine.host_tier

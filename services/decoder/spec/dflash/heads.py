@@ -88,8 +88,9 @@ class MarkovHead(LowRankTransition):
             successors = self.successor_codebook if vocab is None else self.successor_codebook[vocab]  # [N, rank]
         prev = anchor_ids
         tokens, probs = [], []
+        projected = self.hidden_projection(hidden)  # [B, P, rank]: every position's in one matmul
         for pos in range(hidden.shape[1]):
-            scores = logits[:, pos] + self.query(prev, hidden[:, pos]) @ successors.T  # [B, N]
+            scores = logits[:, pos] + (self.predecessor_codebook[prev] * projected[:, pos]) @ successors.T  # [B, N]
             top_logit, pick = scores.max(dim=-1)
             probs.append(torch.exp(top_logit - torch.logsumexp(scores, dim=-1)))
             prev = pick if vocab is None else vocab[pick]

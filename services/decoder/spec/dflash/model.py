@@ -24,7 +24,7 @@ from services.decoder.spec.dflash.heads import (
     ConfidenceHead,
     MarkovHead,
 )
-from services.decoder.spec.dflash.layers import DraftLayer, RMSNorm, rope_tables
+from services.decoder.spec.dflash.layers import DraftLayer, FusedLinear, RMSNorm, rope_tables
 
 
 class DraftNet(nn.Module):
@@ -42,6 +42,13 @@ class DraftNet(nn.Module):
         if cfg.markov_rank is not None:
             self.markov_head = MarkovHead(cfg.vocab_size, cfg.hidden_size, cfg.markov_rank)
         self.confidence_head = ConfidenceHead(cfg.hidden_size) if cfg.confidence_head else None
+        self.context_projection: FusedLinear | None = None  # serving: every layer's context k, v in one matmul
+
+    def fuse(self, gemm_dtype: torch.dtype | None = None, gemm_plan=None) -> None:
+        """Serving (``pack_linears``): the context's keys and values of all draft layers in one matmul."""
+        self.context_projection = FusedLinear([p for layer in self.layers for p in (layer.self_attn.k_proj,
+                                                                                   layer.self_attn.v_proj)],
+                                              gemm_dtype, gemm_plan)
 
     # ---- building blocks -----------------------------------------------------------------
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,7 +59,10 @@ class DraftNet(nn.Module):
         ``[..., kv_heads, head_dim]`` (rotated keys; a request's cacheable draft context)."""
         ctx = self.hidden_norm(self.fc(features))
         cos, sin = self.rope(positions)
-        return [layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers]
+        if self.context_projection is None:
+            return [layer.self_attn.context_kv(ctx, cos, sin) for layer in self.layers]
+        kv = self.context_projection(ctx)  # k, v of layer 0, then of layer 1, ...
+        return [layer.self_attn.rotated_kv(kv[2 * i], kv[2 * i + 1], cos, sin) for i, layer in enumerate(self.layers)]
 
     def block_embeddings(self, anchor_ids: torch.Tensor, embed: torch.Tensor) -> torch.Tensor:
         """``anchor_ids: [B]`` -> the blocks' inputs ``[B, block_size, H]``: anchor, then masks."""
