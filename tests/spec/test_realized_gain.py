@@ -10,19 +10,31 @@ from tests.spec.test_verify_budget_costs import _decoding_request
 
 def test_the_factor_is_promised_over_taken_seconds_from_moving_averages():
     gain = RealizedGain()
+    prior = RealizedGain.PRIOR_KEPT_STEPS
     assert gain.factor == 1.0 and gain.required_gain(0.02) == pytest.approx(0.02)
-    gain.observe(0.050, 0.080)  # priced at 50 ms, took 80
-    assert gain.factor == pytest.approx(0.625)
-    assert gain.required_gain(0.02) == pytest.approx(1.02 / 0.625 - 1)
-    # the first steps make a plain mean: 50 / ((80 + 50) / 2) ms
+    gain.observe(0.050, 0.080)  # priced at 50 ms, took 80: one step against the prior's kept ones
+    assert gain.factor == pytest.approx(0.050 / ((prior * 0.050 + 0.080) / (prior + 1)))
+    assert gain.required_gain(0.02) == pytest.approx(1.02 / gain.factor - 1)
+    # the first steps make a plain mean with the prior's: (3 x 50 + 80 + 50) / 5 ms
     gain.observe(0.050, 0.050)
-    assert gain.factor == pytest.approx(0.050 / 0.065)
+    assert gain.factor == pytest.approx(0.050 / ((prior * 0.050 + 0.080 + 0.050) / (prior + 2)))
     assert gain.num_steps == 2
-    for _ in range(8):  # 10 steps: the mean's weight has come down to WEIGHT
+    seconds = 0.050 + 0.030 / (prior + 2)  # the plain mean's excess over the price
+    for n in range(2, 10):  # 10 steps: the weight 1 / (steps + prior) has come down to WEIGHT
         gain.observe(0.050, 0.050)
-    assert gain.seconds == pytest.approx(0.053)
+        seconds += max(1 / (n + 1 + prior), RealizedGain.WEIGHT) * (0.050 - seconds)
+    assert gain.seconds == pytest.approx(seconds)
+    seconds = gain.seconds
     gain.observe(0.050, 0.080)  # from now on each step averages in at WEIGHT
-    assert gain.seconds == pytest.approx(0.9 * 0.053 + 0.1 * 0.080)
+    assert gain.seconds == pytest.approx(0.9 * seconds + 0.1 * 0.080)
+
+
+def test_one_slow_first_step_does_not_set_the_bar_alone():
+    """The first drafting step after a prefill runs cold: alone, 35.5 ms taken of 28.9 promised
+    asked later drafts for 26% more than no draft; against the prior's kept steps it asks ~7%."""
+    gain = RealizedGain()
+    gain.observe(0.0289, 0.0355)
+    assert 0.05 < gain.required_gain(0.02) < 0.08
 
 
 def test_a_step_faster_than_its_price_offsets_a_shortfall_but_never_lowers_the_bar():
@@ -39,9 +51,12 @@ def test_a_step_faster_than_its_price_offsets_a_shortfall_but_never_lowers_the_b
 def test_one_step_counts_as_at_most_a_twofold_slowdown_and_skipping_relaxes_the_shortfall():
     gain = RealizedGain()
     gain.observe(0.050, 0.500)  # a preempted step: 10x its promised seconds
-    assert gain.seconds == pytest.approx(0.100) and gain.factor == pytest.approx(0.5)
+    prior = RealizedGain.PRIOR_KEPT_STEPS  # counted as 100 ms, against the prior's kept 50 ms steps
+    assert gain.seconds == pytest.approx(0.050 + 0.050 / (prior + 1))
+    assert gain.factor == pytest.approx(0.050 / gain.seconds)
+    seconds = gain.seconds
     gain.relax(0.02)
-    assert gain.seconds == pytest.approx(0.100 + 0.02 * (0.050 - 0.100))
+    assert gain.seconds == pytest.approx(seconds + 0.02 * (0.050 - seconds))
     assert gain.factor == pytest.approx(0.050 / gain.seconds)
 
 
@@ -108,7 +123,7 @@ def test_a_gate_whose_steps_overrun_their_price_stops_drafting_and_probes_again_
     taken_ms, n, want = 10.0, 5, 0
     while 10.0 / taken_ms * threshold >= 1.0:
         n += 1
-        taken_ms += max(1 / n, RealizedGain.WEIGHT) * (15.0 - taken_ms)
+        taken_ms += max(1 / (n + RealizedGain.PRIOR_KEPT_STEPS), RealizedGain.WEIGHT) * (15.0 - taken_ms)
         want += 1
     assert steps == want and want > 2
     calls = drafter.calls
@@ -202,12 +217,14 @@ def test_a_backlog_of_more_positions_than_a_step_commits_is_charged_at_one_steps
     speculator.propose([request])
     assert speculator.promise.expected_committed == pytest.approx(1.5)
     speculator.observe_step(2, 0.010, decoded=(1, 2))
-    assert speculator.realized.seconds == pytest.approx(0.010 + 0.030 * 1.5 / 150)
+    # one step's share (1.5 of 150 positions), against the prior's steps that kept their price
+    assert speculator.realized.seconds == pytest.approx(0.010 + 0.030 * 1.5 / 150 / (RealizedGain.PRIOR_KEPT_STEPS + 1))
     positions[0] = 1  # fewer positions than the step expects to commit: charged whole
     speculator.propose([request])
     speculator.observe_step(2, 0.010, decoded=(1, 2))
     taken = min(0.010 + 0.030, RealizedGain.MAX_SLOWDOWN * 0.010)
-    assert speculator.realized.seconds == pytest.approx((0.010 + 0.030 * 1.5 / 150 + taken) / 2)
+    prior = RealizedGain.PRIOR_KEPT_STEPS  # the plain mean of the prior's steps and both
+    assert speculator.realized.seconds == pytest.approx((prior * 0.010 + 0.010 + 0.030 * 1.5 / 150 + taken) / (prior + 2))
 
 
 def _confident_speculator(confidences: list[float], spec_tokens: int):
