@@ -317,7 +317,7 @@ def test_packed_linears_serve_in_the_gemm_dtype_and_train_exactly():
     x = torch.randn(8, 24, generator=g)
     with torch.no_grad():
         fast = layer(x)
-    assert fast.dtype == torch.float32 and layer._fast.weight.dtype == torch.bfloat16
+    assert fast.dtype == torch.float32 and layer.fast.linear.weight.dtype == torch.bfloat16
     ref = F.linear(x.bfloat16().float(), layer.weight.detach().bfloat16().float())
     torch.testing.assert_close(fast, ref, rtol=2**-8, atol=1e-4)  # the bf16 kernel rounds its result to bf16
     exact = layer(x)  # with autograd: the fp32 weight, no rounding

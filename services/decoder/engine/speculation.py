@@ -16,17 +16,16 @@ measured cost towards its profile, so they probe again later; while it keeps ski
 every few steps, and plain and control steps measure the base it prices: ``spec/gate_schedule.py``).
 The gate holds itself to its prices: every drafting step reports the seconds it took (proposal and
 target pass) against what the gate priced it at, and a shortfall raises the gain a draft must
-promise (``RealizedGain``). A request that drafts is asked for its predicted length only, +
-``LENGTH_HEADROOM`` tokens for a drafter with confidences where a longer draft could pay (they may
-show it is worth it): a block drafter then scores only those positions, which on a 2-core CPU is what lets one- and
-two-token drafts pay at concurrency 1.
+promise (``RealizedGain``). A request that drafts is asked for its predicted length only (+
+``LENGTH_HEADROOM`` with confidences, where a longer draft could pay): a block drafter then scores
+only those positions, which on a 2-core CPU lets 1-2 token drafts pay at c=1.
 
 The pooled profile (``Speculator.depth``) counts every verified draft of every request. It starts
 from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out acceptance) and a new
-request starts at the profile (scale 1), so a drafter that is known to accept little is not probed
-at a guessed 0.7 by every request. Both cost tables start from the profile and are corrected by the
-step and drafter times measured while serving (``CalibratedCosts``). After the step, a drafter that
-conditions on the target gets the committed positions' features (never rejected rows).
+request starts at the profile (scale 1): a drafter known to accept little is not probed at a
+guessed 0.7 by every request. Both cost tables start from the profile and are corrected by the step
+and drafter times measured (``CalibratedCosts``). After the step, a drafter that conditions on the
+target gets the committed positions' features (never rejected rows).
 """
 
 from __future__ import annotations
@@ -57,9 +56,9 @@ from services.decoder.spec.verify_budget import (
 
 class Speculator:
     # draft positions a drafter with confidences is asked for beyond the gate's predicted length
-    # (the gate prices them: 0.7 ms of a 32 ms step at c=1). One without confidences gets none:
-    # after its call the budget knows nothing new of the draft, so the headroom was scored and
-    # then verified on a sunk-cost price (c=4: 9-token steps where fixed k=1 ran 8, 5 ms dearer)
+    # (priced by the gate). One without confidences gets none: after its call the budget knows
+    # nothing new of the draft, so the headroom was verified on a sunk-cost price (c=4: 9-token
+    # steps where fixed k=1 ran 8, 5 ms dearer)
     LENGTH_HEADROOM = 1
     # the drafter runs only if the step's drafts promise this much more throughput than none (a
     # margin for the noise of the estimates that picked them). Priced per request count, the model
@@ -67,9 +66,7 @@ class Speculator:
     # and a margin of 8% at c=4 kept the drafter off 60% of the steps where fixed k=1 measured
     # 1.03-1.15x; at c=1 a flat 5% cut dflash from 1.08x to 1.01x
     MIN_GAIN = 0.02
-    # of the drafter's cost correction and of the pooled profile's counts undone per skipped step
-    # (``CalibratedCosts.relax``, ``DepthSurvival.relax``)
-    COST_RELAX = 0.02
+    COST_RELAX = 0.02  # of the cost correction and pooled counts undone per skipped step (``relax``)
     def __init__(self, drafter: Drafter, spec_tokens: int,
                  query_key_rows: Callable[[Request], tuple[str, int]] | None = None):
         """``query_key_rows``: what one query token of a request attends next step (path, key

@@ -30,7 +30,11 @@ class LowRankTransition(nn.Module):
 
     def query(self, prev: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """``prev: [...]``, ``hidden: [..., H]`` -> ``[..., rank]``."""
-        return self.predecessor_codebook[prev] * self.hidden_projection(hidden)
+        return self.projected_query(prev, self.hidden_projection(hidden))
+
+    def projected_query(self, prev: torch.Tensor, projected: torch.Tensor) -> torch.Tensor:
+        """``query`` from ``hidden_projection(hidden)`` already computed (``[..., rank]``)."""
+        return self.predecessor_codebook[prev] * projected
 
 
 class CandidateSelector(LowRankTransition):
@@ -90,7 +94,7 @@ class MarkovHead(LowRankTransition):
         tokens, probs = [], []
         projected = self.hidden_projection(hidden)  # [B, P, rank]: every position's in one matmul
         for pos in range(hidden.shape[1]):
-            scores = logits[:, pos] + (self.predecessor_codebook[prev] * projected[:, pos]) @ successors.T  # [B, N]
+            scores = logits[:, pos] + self.projected_query(prev, projected[:, pos]) @ successors.T  # [B, N]
             top_logit, pick = scores.max(dim=-1)
             probs.append(torch.exp(top_logit - torch.logsumexp(scores, dim=-1)))
             prev = pick if vocab is None else vocab[pick]

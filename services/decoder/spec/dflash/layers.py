@@ -65,10 +65,6 @@ class PackedLinear(nn.Module):
         self.gemm_dtype = gemm_dtype or linear.weight.dtype
         self.fast = _FastWeights([linear.weight], self.gemm_dtype, gemm_plan)
 
-    @property
-    def _fast(self) -> Linear | None:
-        return self.fast.linear
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fast(x)
 
