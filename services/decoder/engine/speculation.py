@@ -136,7 +136,7 @@ class Speculator:
             self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
             backlog_s = RealizedGain.steady_backlog_s(*self._backlog, promise[1].expected_committed)
-            self.realized.observe(self._promised_s, seconds + self._propose_s + backlog_s)
+            self.realized.observe(self._promised_s, seconds + self._propose_s + backlog_s, backlog_s)
         if promise is None and decoded is not None and num_tokens == decoded[0]:
             self.schedule.measured_plain_step(num_tokens, seconds)  # the base the gate prices
         if self.attention_costs is not None and attention is not None:
@@ -243,7 +243,7 @@ class Speculator:
         if self.draft_costs is not None:
             # the table prices one position per request: the modelled rest is taken off first
             extra_s = self.profile.draft_s_per_position(len(asks)) * (sum(a.max_tokens for a in asks) - len(asks))
-            call_s = self.draft_costs.seconds_at(len(asks)) + extra_s  # the call's price
+            call_s = self.draft_costs.seconds_at(len(asks)) + extra_s + self.realized.context_s  # the call's price
             self.draft_costs.observe(len(asks), draft_s - extra_s)
         self.num_drafter_calls += 1
         if self.profile is not None:
@@ -291,7 +291,7 @@ class Speculator:
         use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent
         drafting steps against their promises (``RealizedGain``). Returns the kept requests, their
         asks and the gate's plan."""
-        draft_s = self.draft_costs.seconds_at(len(drafting))  # one position each; the rest priced per position
+        draft_s = self.draft_costs.seconds_at(len(drafting)) + self.realized.context_s  # 1 position each + context
         per_position_s = self.profile.draft_s_per_position(len(drafting))
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
