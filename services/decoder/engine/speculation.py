@@ -230,10 +230,10 @@ class Speculator:
             return
         # token lists only for the requests that draft (a copy of the whole sequence each)
         asks = [DraftRequest(r.request_id, r.prompt_ids + r.output_ids, n) for r, n in zip(drafting, max_tokens)]
-        # the deferred context work is timed apart and not priced as the call's: it is owed for
-        # every committed position whether this step drafts or a later one does, and charging a
-        # long idle stretch's backlog to the next call made the drafter look dearer the longer it
-        # skipped (at c=1 it then drafted on 25% of the steps where drafting on all paid)
+        # the deferred context work is timed apart, out of the call's table (its steady share is
+        # priced as ``realized.context_s``): it is owed for every committed position whether this
+        # step drafts or a later one does, and a long idle stretch's backlog charged to the next
+        # call made the drafter look dearer the longer it skipped (c=1: drafted on 25% of steps)
         start = time.perf_counter()
         positions = self.drafter.prepare([a.request_id for a in asks])
         self._backlog = (time.perf_counter() - start, positions)

@@ -131,7 +131,7 @@ class RealizedGain:
         which a slow spell lifted the required gain to 10-25% and the gate skipped 30% of the
         steps where fixed 2-token drafts paid 1.2x."""
         if promised_s <= 0 or seconds <= 0 or context_s < 0:
-            raise ValueError("a drafting step's price and its duration must be positive")
+            raise ValueError("a drafting step's price and duration must be positive, its context share not negative")
         seconds = min(seconds, promised_s * self.MAX_SLOWDOWN)
         # the plain mean of the steps so far (and the prior's) until the moving average's memory is full: when only
         # the first step set the averages, the first drafting step of a cold engine decided for
@@ -140,7 +140,8 @@ class RealizedGain:
         if self.num_steps == 0:  # the prior: steps that took what they were promised
             self.promised_s = self.seconds = promised_s
         w = max(1.0 / (self.num_steps + 1 + self.PRIOR_KEPT_STEPS), self.WEIGHT)
-        self.context_s += max(w, 1.0 / (self.num_steps + 1)) * (context_s - self.context_s)
+        # a plain mean of the measured steps (no prior: nothing is known of the work before) until WEIGHT
+        self.context_s += max(1.0 / (self.num_steps + 1), self.WEIGHT) * (context_s - self.context_s)
         self.promised_s += w * (promised_s - self.promised_s)
         self.seconds += w * (seconds - self.seconds)
         self.num_steps += 1
