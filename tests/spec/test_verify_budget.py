@@ -41,7 +41,7 @@ def test_an_anchor_not_measured_for_a_while_follows_the_machines_speed():
     by 30%, the 1-token price must slow down with it, or every draft looks 30% better than it is."""
     table = CostTable((1, 4), (0.010, 0.012))
     costs = CalibratedCosts(table)
-    for _ in range(50):
+    for _ in range(int(1 / costs.WEIGHT)):  # both anchors past the plain mean of their first measurements
         costs.observe(1, 0.010)
         costs.observe(4, 0.012)
     for _ in range(100):  # slower, measured at 4 tokens only
@@ -51,6 +51,46 @@ def test_an_anchor_not_measured_for_a_while_follows_the_machines_speed():
     # takes about WEIGHT / (WEIGHT + SPEED_WEIGHT) less than all of it (1.3^0.91: 2.3% short)
     assert costs.seconds_at(1) == pytest.approx(0.010 * 1.3, rel=0.03)
     assert costs.seconds_at(4) / costs.seconds_at(1) == pytest.approx(1.2, rel=0.03)
+
+
+def test_a_count_measured_rarely_is_priced_at_the_mean_of_its_measurements_not_its_first():
+    """A drafter's occasional probes are the only steps of their size (4 tokens at c=1 while the
+    gate mostly skips): its price must follow what they take on average, while the speed follows
+    the 1-token steps around them. Keeping the first measurement (a fast one here, moved 1% per
+    step after it) priced them 7% low after 40 probes, and the speed took the rest (1-token
+    steps 1.5% high)."""
+    table = CostTable((1, 4), (0.010, 0.010))
+    costs = CalibratedCosts(table)
+    costs.observe(1, 0.010)
+    costs.observe(4, 0.010)  # the first probe ran fast
+    for _ in range(40):
+        for _ in range(8):
+            costs.observe(1, 0.010)
+        costs.observe(4, 0.012)  # the probes take 12 ms
+    assert costs.seconds_at(1) == pytest.approx(0.010, rel=0.01)
+    # the mean of 41 probes, one of them 10 ms: 11.95 ms
+    assert costs.seconds_at(4) == pytest.approx((0.010 + 40 * 0.012) / 41, rel=0.01)
+
+
+def test_a_count_priced_high_by_a_slow_spell_and_not_measured_again_returns_to_the_profile():
+    """The gate verifies a step size only where its price pays, so a size priced high is never
+    measured again to correct it: probes of 4 tokens measured during a spell (3x slower steps)
+    must not keep their price once the steps around them run at the profile's speed again; and
+    when 4-token steps are measured again, their price follows them at once (a fresh mean)."""
+    costs = CalibratedCosts(CostTable((1, 4), (0.010, 0.012)))
+    for _ in range(100):
+        costs.observe(1, 0.010)
+    for _ in range(3):
+        costs.observe(4, 0.036)  # the spell's probes
+    assert costs.seconds_at(4) > 1.5 * 0.012
+    for _ in range(300):
+        costs.observe(1, 0.010)
+    assert costs.seconds_at(1) == pytest.approx(0.010, rel=0.01)
+    assert costs.seconds_at(4) == pytest.approx(0.012, rel=0.05)  # stale: relaxed to the profile
+    for _ in range(3):
+        costs.observe(1, 0.010)
+        costs.observe(4, 0.013)
+    assert costs.seconds_at(4) == pytest.approx(0.013, rel=0.03)
 
 
 def test_calibrated_interpolation_matches_a_brute_force_reading_of_the_anchors():

@@ -119,9 +119,12 @@ class CalibratedCosts:
     # budget kept verifying 2-token drafts at c=1 that lost to 1-token ones), then powers of 2
     ANCHOR_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
     _X = tuple(math.log2(c) for c in ANCHOR_COUNTS)  # the anchors on the log2 axis
-    # of the newest measurement at its anchor's shape (after the first, which sets it): a tenth of
-    # the speed's, so a lasting change measured at one count moves the speed ~90% of the way and
-    # that anchor's shape the rest (the two cannot be told apart from one count)
+    # of the newest measurement at its anchor's shape, once the plain mean of its first ones has
+    # reached it (1 / WEIGHT measurements): a tenth of the speed's, so a lasting change measured
+    # at one count moves the speed ~90% of the way and that anchor's shape the rest (the two
+    # cannot be told apart from one count). Before that, the mean: a count measured rarely (the
+    # verify steps of a drafter's occasional probes) would otherwise keep its first measurement
+    # (sparse code c=1: 4-token steps priced 37.2 ms after 48 of them, which took 42.3 on average)
     WEIGHT = 0.01
     SPEED_WEIGHT = 0.1  # of the newest measurement in the speed (geometric)
     LIMITS = (0.1, 10.0)  # the correction never goes beyond these factors (outliers: a preempted step)
@@ -129,6 +132,15 @@ class CalibratedCosts:
     # pack built on first use, a page fault) must not set an anchor outright, since a budget
     # that then never drafts would never measure again to correct it
     MAX_JUMP = 2.0
+    # an anchor not measured for STALE_AFTER measurements at other counts moves STALE_RELAX of
+    # the way to the mean shape of the anchors still measured (the profile, at the level the
+    # table reads now: after a spell the speed and the shapes may have traded a factor) with each
+    # further one, and its weight decays alike, so a fresh plain mean starts when it is measured.
+    # A slow spell during the steps of one size (a drafter's probes) set that size's shape 2.5x
+    # high; the gate then never verified that size, and nothing measured it again (c=1 chat,
+    # DSpark: 1-token drafts only, for good)
+    STALE_AFTER = 64
+    STALE_RELAX = 0.02
 
     def __init__(self, table: CostTable, speed: MachineSpeed | None = None):
         """``speed``: shared with other tables (then measured by all of them, and ``relax``
@@ -140,6 +152,8 @@ class CalibratedCosts:
         self.weights = [0.0] * len(self._X)  # measurement weight each anchor has seen
         self._seen: list[int] = []  # anchors with a measurement, ascending (the budget reads often)
         self._seen_x: list[float] = []  # their log2 counts
+        self._measurements = 0  # observe calls so far
+        self._last_measured = [0] * len(self._X)  # the observe call that last measured each anchor
 
     def _log2(self, count: int) -> float:
         """The log2 of the count ``count`` runs as (its pad), within the anchors."""
@@ -172,8 +186,9 @@ class CalibratedCosts:
 
     def observe(self, count: int, seconds: float, shape_weight: float | None = None) -> None:
         """One measurement: ``seconds`` for ``count`` (batch tokens, or requests drafted).
-        ``shape_weight``: the count's shape moves this share of the way (default ``WEIGHT``), for
-        a measurement that must set its count's price now (a control step of the speculator)."""
+        ``shape_weight``: the count's shape moves at least this share of the way (default
+        ``WEIGHT``), for a measurement that must set its count's price now (a control step of the
+        speculator)."""
         profiled = self.table.seconds_at(count)
         if profiled <= 0 or seconds <= 0:
             return
@@ -188,14 +203,23 @@ class CalibratedCosts:
         for index, share in ((lo, 1 - frac), (lo + 1, frac)):
             if share <= 0:
                 continue
-            # the first measurement at an anchor replaces the neutral 1; later ones average in
-            w = share if self.weights[index] == 0 else (shape_weight or self.WEIGHT) * share
+            # a plain mean (weighted by share) of the anchor's first measurements, then WEIGHT
+            w = max(share / (self.weights[index] + share), (shape_weight or self.WEIGHT) * share)
             self.ratios[index] += w * (shape - self.ratios[index])
             if self.weights[index] == 0:
                 at = bisect.bisect_left(self._seen, index)
                 self._seen.insert(at, index)
                 self._seen_x.insert(at, self._X[index])
             self.weights[index] += share
+            self._last_measured[index] = self._measurements
+        self._measurements += 1
+        stale = [i for i in self._seen if self._measurements - self._last_measured[i] > self.STALE_AFTER]
+        if stale:
+            fresh = [self.ratios[i] for i in self._seen if i not in stale]
+            level = sum(fresh) / len(fresh) if fresh else 1.0
+            for index in stale:
+                self.ratios[index] += self.STALE_RELAX * (level - self.ratios[index])
+                self.weights[index] *= 1.0 - self.STALE_RELAX
 
     def relax(self, rate: float) -> None:
         """Moves the speed and every shape correction ``rate`` of the way back to 1 (the profile):
