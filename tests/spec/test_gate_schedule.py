@@ -90,6 +90,25 @@ def test_after_a_run_of_skipped_steps_the_gate_asks_every_few_steps_and_at_once_
     assert all(streak % schedule.REST_EVERY == 0 for streak in plans[asked:])
 
 
+def test_the_first_draft_after_a_run_of_skipped_steps_verifies_one_token_per_request():
+    """A probe: the gate asks again after REST_AFTER skipped steps, its estimates relaxed rather
+    than measured; it verifies depth 0 alone, and the step after it drafts the full length."""
+    from services.decoder.spec.depth_survival import DepthSurvival
+
+    speculator, request, drafter = _one_request_speculator(spec_tokens=4)
+    for _ in range(400):
+        speculator.depth.observe(1, 0)  # the drafter fails: the gate skips
+    for _ in range(speculator.schedule.REST_AFTER):
+        speculator.propose([request])
+    assert drafter.calls == 0 and speculator.schedule.skipped_streak == speculator.schedule.REST_AFTER
+    speculator.depth = DepthSurvival(0.9, 4)  # the text changed: drafts of 4 would pay now
+    speculator.propose([request])
+    assert drafter.calls == 1 and request.draft_ids == [7]
+    speculator.observe_step(2, 0.010, decoded=(1, 2))
+    speculator.propose([request])
+    assert drafter.calls == 2 and request.draft_ids == [7] * 4
+
+
 def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_them():
     """The table says 10 ms for any step; plain one-request steps take 4 ms. Once measured, the
     gate's base is what they took and a drafted position costs what the table adds to it; a

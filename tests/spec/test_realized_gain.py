@@ -66,10 +66,10 @@ def test_a_promise_or_duration_that_is_not_positive_is_refused(args):
         RealizedGain().observe(*args)
 
 
-def _one_request_speculator():
+def _one_request_speculator(spec_tokens: int = 1):
     """A speculator over a memory-bound step (10 ms at any size) and a drafter priced at nothing,
-    one request decoding at running survival 0.5, one draft position: the gate promises 1.5
-    tokens in 10 ms, 1.5x the throughput of no draft."""
+    one request decoding at running survival 0.5, ``spec_tokens`` draft positions (one: the gate
+    promises 1.5 tokens in 10 ms, 1.5x the throughput of no draft)."""
     from services.decoder.engine.speculation import Speculator
     from services.decoder.spec.drafter import Draft, Drafter
 
@@ -83,7 +83,7 @@ def _one_request_speculator():
             return [Draft([7] * r.max_tokens) for r in requests]
 
     request = _decoding_request()  # one pending token: it decodes next
-    speculator = Speculator(Fixed(), spec_tokens=1)
+    speculator = Speculator(Fixed(), spec_tokens=spec_tokens)
     speculator.schedule.CONTROL_EVERY = 10**6  # no control steps: these tests count drafting steps in a row
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (0.0, 0.0)))
     return speculator, request, Fixed

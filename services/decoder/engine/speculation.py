@@ -222,7 +222,7 @@ class Speculator:
                 self._skip(drafting)
                 drafting = []
             else:
-                drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
+                drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, self.schedule.probe_lengths(max_tokens))
             if drafting:
                 self._promise = (len(running), promise)
         self.schedule.proposed(bool(drafting))

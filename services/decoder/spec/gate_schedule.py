@@ -20,6 +20,15 @@ adaptive engine whose gate never drafts must cost next to nothing over no specul
 4th step's plan was still ~0.15% of c=16 sparse chat's decode (the drafter's observation and the
 gate's bookkeeping brought the total to ~0.9%, where identical engines read 0.2-0.6% apart).
 
+**Probes.** The first draft after ``REST_AFTER`` skipped steps in a row verifies at most one
+token per request: the estimates that let the gate ask again have relaxed towards the drafter's
+prior, not been measured, and depth 0 is what they need measured first; a deeper position then
+costs a verify row for the product of two guesses. DFlash on code_edit at c=1 (sparse) drafted
+two tokens in its probes, promised 1.33-1.54 committed tokens and got 1.11-1.13: the second
+position, tried 14 times, never survived. Capped to one token (lockstep, 3 repeats against no
+speculation): 0.974 where 0.956, with 50 drafting steps where 83; chat c=1 dense unchanged or
+better (DSpark 1.133 / 1.125, DFlash 1.271 / 1.255).
+
 **The measured base.** The step table is profiled on one request and corrected by the steps it
 measures, in batch tokens alone; what a step costs per request (its sampling, its bookkeeping,
 attention's fixed part) is folded into it at whatever request counts ran. At c=16 chat, after
@@ -98,6 +107,10 @@ class GateSchedule:
         if not resting:
             self._asked_candidates = num_candidates
         return resting
+
+    def probe_lengths(self, max_tokens: list[int]) -> list[int]:
+        """The draft lengths the gate may plan now: ``max_tokens``, or 1 each in a probe."""
+        return [min(n, 1) for n in max_tokens] if self.skipped_streak >= self.REST_AFTER else max_tokens
 
     def skipped(self) -> None:
         """The coming step has candidates, and no draft could pay for the drafter."""
