@@ -102,15 +102,20 @@ class GateSchedule:
     def rests(self, num_candidates: int) -> bool:
         """Whether the gate sits the coming step out; otherwise it asks now."""
         every = self.REST_LONG_EVERY if self.skipped_streak >= self.REST_LONG_AFTER else self.REST_EVERY
-        resting = (self.skipped_streak >= self.REST_AFTER and self.skipped_streak % every != 0
+        resting = (self.after_skipped_run and self.skipped_streak % every != 0
                    and num_candidates == self._asked_candidates)
         if not resting:
             self._asked_candidates = num_candidates
         return resting
 
+    @property
+    def after_skipped_run(self) -> bool:
+        """At least ``REST_AFTER`` skipped steps in a row: the gate rests, and its next draft is a probe."""
+        return self.skipped_streak >= self.REST_AFTER
+
     def probe_lengths(self, max_tokens: list[int]) -> list[int]:
         """The draft lengths the gate may plan now: ``max_tokens``, or 1 each in a probe."""
-        return [min(n, 1) for n in max_tokens] if self.skipped_streak >= self.REST_AFTER else max_tokens
+        return [min(n, 1) for n in max_tokens] if self.after_skipped_run else max_tokens
 
     def skipped(self) -> None:
         """The coming step has candidates, and no draft could pay for the drafter."""

@@ -213,10 +213,11 @@ class CalibratedCosts:
             self.weights[index] += share
             self._last_measured[index] = self._measurements
         self._measurements += 1
-        stale = [i for i in self._seen if self._measurements - self._last_measured[i] > self.STALE_AFTER]
+        stale, fresh = [], []
+        for index in self._seen:
+            (stale if self._measurements - self._last_measured[index] > self.STALE_AFTER else fresh).append(index)
         if stale:
-            fresh = [self.ratios[i] for i in self._seen if i not in stale]
-            level = sum(fresh) / len(fresh) if fresh else 1.0
+            level = sum(self.ratios[i] for i in fresh) / len(fresh) if fresh else 1.0
             for index in stale:
                 self.ratios[index] += self.STALE_RELAX * (level - self.ratios[index])
                 self.weights[index] *= 1.0 - self.STALE_RELAX
