@@ -43,6 +43,21 @@ def test_the_plan_takes_the_fastest_kernel_at_each_row_count(monkeypatch):
     assert plan.kernel(5) == "mkl_pack" and plan.kernel(9) == "onednn" and plan.kernel(1000) == "onednn"
 
 
+def test_one_stalled_pass_of_the_fastest_kernel_does_not_drop_it(monkeypatch):
+    stalled = []
+
+    def delay_ms(kernel, rows):  # oneDNN wins at 16 rows, but its first pass there stalls 40 ms (a busy machine)
+        if kernel == "onednn" and rows == 16 and not stalled:
+            stalled.append(rows)
+            return 40.0
+        return {"f_linear": 6.0, "mm_w_xt": 4.0, "onednn": 2.0, "mkl_pack": 5.0}[kernel]
+
+    _slowed(monkeypatch, delay_ms)
+    plan = measure_plan(_linears(), rows=(1, 16))  # 1 row first: oneDNN's weight copy is built before 16 rows
+    assert stalled == [16]
+    assert plan.kernels[1] == "onednn"  # one round alone dropped it: 42 ms > 1.5 x mm_w_xt's 8
+
+
 def test_apply_plan_frees_the_copies_of_kernels_it_never_runs(monkeypatch):
     linears = _linears()
     plan = measure_plan(linears, rows=(3, 8, 128))  # builds MKL packs and the oneDNN copy while timing
