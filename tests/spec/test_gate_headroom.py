@@ -5,6 +5,7 @@ the confidences lengthened is held to what it runs, not to the gate's shorter pr
 import pytest
 
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable, choose_draft_plan
+from tests.spec.test_depth_survival import measured_at_prior
 from tests.spec.test_verify_budget_costs import _decoding_request
 
 # 10 ms for one or two tokens (one token runs as two rows), the third row 3 ms more, flat after
@@ -44,6 +45,7 @@ def _speculator(monkeypatch):
     Confident.asked = []
     speculator = speculation.Speculator(Confident(), spec_tokens=3)
     speculator.profile = BudgetProfile(STEP, CostTable((1, 16), (0.0, 0.0)))
+    measured_at_prior(speculator.depth)
     return speculator, _decoding_request(), Confident
 
 

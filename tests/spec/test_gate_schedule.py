@@ -102,11 +102,29 @@ def test_the_first_draft_after_a_run_of_skipped_steps_verifies_one_token_per_req
         speculator.propose([request])
     assert drafter.calls == 0 and speculator.schedule.skipped_streak == speculator.schedule.REST_AFTER
     speculator.depth = DepthSurvival(0.9, 4)  # the text changed: drafts of 4 would pay now
+    for _ in range(int(DepthSurvival.PRIOR_TRIALS)):
+        speculator.depth.observe(4, 4)  # measured, not the prior alone (``unmeasured``)
     speculator.propose([request])
     assert drafter.calls == 1 and request.draft_ids == [7]
     speculator.observe_step(2, 0.010, decoded=(1, 2))
     speculator.propose([request])
     assert drafter.calls == 2 and request.draft_ids == [7] * 4
+
+
+def test_an_engines_first_drafts_verify_one_token_until_depth_0_is_measured():
+    """A prior that says drafts of 4 pay: the first PRIOR_TRIALS drafts, whose depth 0 rests on
+    the prior alone, verify one token each; once measured (all survived) the gate drafts 4."""
+    from services.decoder.spec.depth_survival import DepthSurvival
+
+    speculator, request, drafter = _one_request_speculator(spec_tokens=4)
+    speculator.depth = DepthSurvival(0.9, 4)
+    lengths = []
+    for _ in range(int(DepthSurvival.PRIOR_TRIALS) + 2):
+        speculator.propose([request])
+        lengths.append(len(request.draft_ids))
+        speculator.observe_step(1 + lengths[-1], 0.010, decoded=(1, 1 + lengths[-1]))
+        speculator.record(request, lengths[-1], lengths[-1])
+    assert lengths == [1] * int(DepthSurvival.PRIOR_TRIALS) + [4, 4]
 
 
 def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_them():

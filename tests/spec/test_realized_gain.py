@@ -5,6 +5,7 @@ import pytest
 
 from services.decoder.spec.realized_gain import RealizedGain
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
+from tests.spec.test_depth_survival import measured_at_prior
 from tests.spec.test_verify_budget_costs import _decoding_request
 
 
@@ -293,6 +294,7 @@ def _confident_speculator(confidences: list[float], spec_tokens: int):
     speculator = Speculator(Confident(), spec_tokens=spec_tokens)
     speculator.schedule.CONTROL_EVERY = 10**6
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.073)), CostTable((1, 16), (0.0, 0.0)))
+    measured_at_prior(speculator.depth)
     return speculator
 
 
@@ -333,7 +335,7 @@ def test_a_drafter_without_confidences_is_gated_at_its_own_survival_unscaled():
     speculator.observe_step(2, 0.010, decoded=(1, 1))  # the drafted token did not survive
     speculator.record(request, 1, 0)
     assert speculator.realized.token_calls == 0 and speculator.realized.survival_scale == 1.0
-    own = speculator._scale(request)
+    own = speculator.survival(request).scale
     assert own < 1.0 and speculator.depth.rates(1)[0] < 0.5
     assert speculator._gate_survival(request, 1) == pytest.approx(speculator.depth.rates(1, own))
 
@@ -354,6 +356,7 @@ def test_reset_estimates_returns_the_gate_to_what_a_freshly_built_speculator_pla
     assert used.step_costs.seconds_at(2) != fresh.step_costs.seconds_at(2)
     assert used.realized.token_calls > 0
     used.reset_estimates()
+    measured_at_prior(used.depth)  # as ``_confident_speculator`` leaves a fresh one
     assert used.depth.rates(3) == fresh.depth.rates(3)
     assert used.calibration(confidences) == fresh.calibration(confidences)
     assert used.step_costs.seconds_at(2) == fresh.step_costs.seconds_at(2)

@@ -11,9 +11,10 @@ request, the host fetches its larger working set costs. Before that, the adaptiv
 whether drafting can pay for the drafter's own forward at all: with each request's predicted
 survival, the profiled step costs and the profiled drafter cost, the requests for which no draft
 would pay are left out, and when none is left the drafter does not run (those requests' evidence
-ages towards the pooled profile, the profile's towards the drafter's prior and the drafter's
-measured cost towards its profile, so they probe again later; while it keeps skipping it asks only
-every few steps, and plain and control steps measure the base it prices: ``spec/gate_schedule.py``).
+ages towards the pooled profile, the profile's towards its long-run rates and those, slower,
+towards the drafter's prior, and the drafter's measured cost towards its profile, so they probe
+again later; while it keeps skipping it asks only every few steps, and plain and control steps
+measure the base it prices: ``spec/gate_schedule.py``).
 The gate holds itself to its prices: every drafting step reports the seconds it took (proposal and
 target pass) against what the gate priced it at, and a shortfall raises the gain a draft must
 promise (``RealizedGain``). A request that drafts is asked for its predicted length only (+
@@ -177,7 +178,7 @@ class Speculator:
         """A verified draft: updates the request's survival against the pooled profile, the
         profile and, for a drafter with confidences, their calibration."""
         expected = self.depth.expected(num_drafted, num_accepted)
-        self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else self._scale(request))
+        self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else self.survival(request).scale)
         self.survival(request).update(num_accepted, expected)
         cut = self._cut.pop(request.request_id, None)
         if cut and num_accepted == num_drafted:
@@ -222,7 +223,8 @@ class Speculator:
                 self._skip(drafting)
                 drafting = []
             else:
-                drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, self.schedule.probe_lengths(max_tokens))
+                max_tokens = self.schedule.probe_lengths(max_tokens, self.depth.unmeasured())
+                drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
             if drafting:
                 self._promise = (len(running), promise)
         self.schedule.proposed(bool(drafting))
@@ -351,11 +353,7 @@ class Speculator:
         the profile and the request already learn: code_edit c=1 gated at 0.15 where 0.34 survived)."""
         if self.drafter.has_confidences:
             return self.depth.rates(num_positions, self.realized.survival_scale)
-        return self.depth.rates(num_positions, self._scale(request))
-
-    def _scale(self, request: Request) -> float:
-        """The request's survival over the pooled profile's."""
-        return self.survival(request).scale
+        return self.depth.rates(num_positions, self.survival(request).scale)
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0, draft_s_per_request: float = 0.0) -> DraftPlan:

@@ -21,6 +21,15 @@ estimate is survivals / summed scales): the budget
 lets only its best requests reach the deeper positions, and counting their trials as 1 each read
 DFlash's second position at c=4 as 0.38 where fixed 2-token drafts measure 0.21, a bias the
 request's scale then applied a second time.
+
+What ``relax`` takes from the counts is not dropped: it moves to a long-run pool per depth, whose
+rate (shrunk towards the depth's prior as above) is what the relaxed counts shrink towards; the
+pool itself fades ``LONG_RELAX_SHARE`` times slower. Relaxed towards the drafter's prior instead,
+the estimates that kept the gate off reached break-even again within 12-16 skipped steps,
+whatever the drafts before had found: DFlash on code_edit at c=1 (sparse), where a one-token
+draft costs ~24% of a step and survives ~19%, was probed that often at depth-0 estimates
+relaxed to 0.27-0.42, 3 of 36 probes survived, and a lucky one started a streak of 8 drafting
+steps (51-91 drafting steps: 0.969-0.973x of no speculation, fixed one-token drafts 0.978x).
 """
 
 from __future__ import annotations
@@ -30,6 +39,10 @@ class DepthSurvival:
     PRIOR_TRIALS = 4.0
     MAX_TRIALS = 400.0
     MAX_RATE = 0.99  # a scaled rate never reads as certain survival
+    # the long-run pool's prior weighs this many trials: what relaxing moved there bends the
+    # estimates the gate probes at only once it adds up to more evidence than one bad stretch
+    LONG_PRIOR_TRIALS = 16.0
+    LONG_RELAX_SHARE = 0.125  # of ``relax``'s rate at which the long-run pool fades (~280 skipped steps to half at 2%)
 
     def __init__(self, prior: float, max_depth: int):
         if not 0.0 <= prior <= 1.0 or max_depth < 1:
@@ -37,6 +50,8 @@ class DepthSurvival:
         self.prior = prior
         self.trials = [0.0] * max_depth  # observed, per depth
         self.survived = [0.0] * max_depth
+        self.long_trials = [0.0] * max_depth  # what ``relax`` took from the counts, fading slower
+        self.long_survived = [0.0] * max_depth
 
     def observe(self, num_drafted: int, num_accepted: int, scale: float = 1.0) -> None:
         """A verified draft of ``num_drafted`` positions whose first ``num_accepted`` survived:
@@ -79,21 +94,34 @@ class DepthSurvival:
         tried = min(num_accepted + 1, num_drafted)
         return sum(self.rates(tried)) if tried else 0.0
 
+    def unmeasured(self) -> bool:
+        """Fewer trials at depth 0 (the long-run pool's too) than its prior's pseudo-trials: the
+        profile is mostly a guess."""
+        return self.trials[0] + self.long_trials[0] < self.PRIOR_TRIALS
+
     def relax(self, rate: float) -> None:
-        """Scales every depth's counts down by ``rate`` (a step where no draft could pay for the
-        drafter): the prior weighs more, so a profile made low by text no longer current lets
-        the drafter be tried again after a while (at ``MAX_TRIALS`` and 2% a step, about 230
-        skipped steps to reach the prior's weight)."""
+        """Moves ``rate`` of every depth's counts to its long-run pool, and fades the pool by
+        ``rate * LONG_RELAX_SHARE`` (a step where no draft could pay for the drafter): the
+        estimates move towards the long-run rates, and those towards the prior, so a profile
+        made low by text no longer current lets the drafter be tried again after a while."""
+        keep = 1 - rate * self.LONG_RELAX_SHARE
         for depth in range(len(self.trials)):
+            self.long_trials[depth] = (self.long_trials[depth] + rate * self.trials[depth]) * keep
+            self.long_survived[depth] = (self.long_survived[depth] + rate * self.survived[depth]) * keep
             self.trials[depth] *= 1 - rate
             self.survived[depth] *= 1 - rate
+            if self.long_trials[depth] > self.MAX_TRIALS:
+                self.long_survived[depth] *= self.MAX_TRIALS / self.long_trials[depth]
+                self.long_trials[depth] = self.MAX_TRIALS
 
     def rates(self, num_positions: int, scale: float = 1.0) -> list[float]:
         """Survival of positions ``0 .. num_positions - 1`` (the deepest counted depth's rate
         beyond it), each times ``scale`` and at most ``MAX_RATE``."""
         profile, previous = [], self.prior
-        for trials, survived in zip(self.trials, self.survived):
-            previous = (survived + self.PRIOR_TRIALS * previous) / (trials + self.PRIOR_TRIALS)
+        for trials, survived, long_trials, long_survived in zip(self.trials, self.survived, self.long_trials,
+                                                                self.long_survived):
+            long_run = (long_survived + self.LONG_PRIOR_TRIALS * previous) / (long_trials + self.LONG_PRIOR_TRIALS)
+            previous = (survived + self.PRIOR_TRIALS * long_run) / (trials + self.PRIOR_TRIALS)
             profile.append(previous)
         return [min(profile[min(i, len(profile) - 1)] * scale, self.MAX_RATE) for i in range(num_positions)]
 

@@ -21,13 +21,16 @@ adaptive engine whose gate never drafts must cost next to nothing over no specul
 gate's bookkeeping brought the total to ~0.9%, where identical engines read 0.2-0.6% apart).
 
 **Probes.** The first draft after ``REST_AFTER`` skipped steps in a row verifies at most one
-token per request: the estimates that let the gate ask again have relaxed towards the drafter's
-prior, not been measured, and depth 0 is what they need measured first; a deeper position then
-costs a verify row for the product of two guesses. DFlash on code_edit at c=1 (sparse) drafted
+token per request: the estimates that let the gate ask again have relaxed (towards their
+long-run rates), not been measured, and depth 0 is what they need measured first; a deeper
+position then costs a verify row for the product of two guesses. DFlash on code_edit at c=1 (sparse) drafted
 two tokens in its probes, promised 1.33-1.54 committed tokens and got 1.11-1.13: the second
 position, tried 14 times, never survived. Capped to one token (lockstep, 3 repeats against no
 speculation): 0.974 where 0.956, with 50 drafting steps where 83; chat c=1 dense unchanged or
-better (DSpark 1.133 / 1.125, DFlash 1.271 / 1.255).
+better (DSpark 1.133 / 1.125, DFlash 1.271 / 1.255). An engine's first drafts are capped alike
+while depth 0 has less evidence than its prior (``DepthSurvival.unmeasured``): DFlash's prior
+(0.5, from chat) let its first code_edit drafts verify two tokens for 14 steps, 2 of them
+surviving; capped, 7 one-token steps learnt the same.
 
 **The measured base.** The step table is profiled on one request and corrected by the steps it
 measures, in batch tokens alone; what a step costs per request (its sampling, its bookkeeping,
@@ -113,9 +116,10 @@ class GateSchedule:
         """At least ``REST_AFTER`` skipped steps in a row: the gate rests, and its next draft is a probe."""
         return self.skipped_streak >= self.REST_AFTER
 
-    def probe_lengths(self, max_tokens: list[int]) -> list[int]:
-        """The draft lengths the gate may plan now: ``max_tokens``, or 1 each in a probe."""
-        return [min(n, 1) for n in max_tokens] if self.after_skipped_run else max_tokens
+    def probe_lengths(self, max_tokens: list[int], unmeasured: bool = False) -> list[int]:
+        """The draft lengths the gate may plan now: ``max_tokens``, or 1 each in a probe and
+        while depth 0 is ``unmeasured`` (``DepthSurvival.unmeasured``: an engine's first drafts)."""
+        return [min(n, 1) for n in max_tokens] if self.after_skipped_run or unmeasured else max_tokens
 
     def skipped(self) -> None:
         """The coming step has candidates, and no draft could pay for the drafter."""
