@@ -5,6 +5,7 @@ import pytest
 
 from services.decoder.spec.gate_schedule import GateSchedule
 from services.decoder.spec.verify_budget import BudgetProfile, CostTable
+from tests.spec.test_depth_survival import measured_at_prior
 from tests.spec.test_realized_gain import _one_request_speculator
 from tests.spec.test_verify_budget_costs import _decoding_request
 
@@ -102,8 +103,7 @@ def test_the_first_draft_after_a_run_of_skipped_steps_verifies_one_token_per_req
         speculator.propose([request])
     assert drafter.calls == 0 and speculator.schedule.skipped_streak == speculator.schedule.REST_AFTER
     speculator.depth = DepthSurvival(0.9, 4)  # the text changed: drafts of 4 would pay now
-    for _ in range(int(DepthSurvival.PRIOR_TRIALS)):
-        speculator.depth.observe(4, 4)  # measured, not the prior alone (``unmeasured``)
+    measured_at_prior(speculator.depth)  # measured, not the prior alone (``unmeasured``)
     speculator.propose([request])
     assert drafter.calls == 1 and request.draft_ids == [7]
     speculator.observe_step(2, 0.010, decoded=(1, 2))

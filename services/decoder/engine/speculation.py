@@ -177,9 +177,9 @@ class Speculator:
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """A verified draft: updates the request's survival against the pooled profile, the
         profile and, for a drafter with confidences, their calibration."""
-        expected = self.depth.expected(num_drafted, num_accepted)
-        self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else self.survival(request).scale)
-        self.survival(request).update(num_accepted, expected)
+        expected, survival = self.depth.expected(num_drafted, num_accepted), self.survival(request)
+        self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else survival.scale)
+        survival.update(num_accepted, expected)
         cut = self._cut.pop(request.request_id, None)
         if cut and num_accepted == num_drafted:
             self.depth.impute(num_drafted, cut)

@@ -151,12 +151,13 @@ def measure_plan(linears: list[Linear], rows: tuple[int, ...] = PLAN_ROWS, repea
             if any(lin.needs_build(k, num_rows) for lin in linears):
                 one_pass(k)
         seconds: dict[str, list[float]] = {k: [] for k in kernels}
-        for _ in range(min(SCREEN_ROUNDS, repeats)):
+        screen_rounds = min(SCREEN_ROUNDS, repeats)
+        for _ in range(screen_rounds):
             for k in kernels:
                 seconds[k].append(one_pass(k))
         best = min(min(s) for s in seconds.values())
         survivors = [k for k in kernels if min(seconds[k]) <= KEEP_WITHIN * best]  # the rest cannot win
-        for _ in range(repeats - min(SCREEN_ROUNDS, repeats)):
+        for _ in range(repeats - screen_rounds):
             for k in survivors:
                 seconds[k].append(one_pass(k))
         ms = {k: round(statistics.median(s) * 1e3, 3) for k, s in seconds.items()}

@@ -24,9 +24,9 @@ request's scale then applied a second time.
 
 What ``relax`` takes from the counts is not dropped: it moves to a long-run pool per depth, whose
 rate (shrunk towards the depth's prior as above, with ``LONG_PRIOR_TRIALS`` pseudo-trials) is what
-the relaxed counts shrink towards; the pool itself fades ``LONG_RELAX_SHARE`` times slower. Relaxed towards the drafter's prior instead,
-the estimates that kept the gate off reached break-even again within 12-16 skipped steps,
-whatever the drafts before had found: DFlash on code_edit at c=1 (sparse), where a one-token
+the relaxed counts shrink towards; the pool itself fades ``LONG_RELAX_SHARE`` times as fast.
+Relaxed towards the drafter's prior instead, the estimates that kept the gate off reached
+break-even again within 12-16 skipped steps, whatever the drafts before had found: DFlash on code_edit at c=1 (sparse), where a one-token
 draft costs ~24% of a step and survives ~19%, was probed that often at depth-0 estimates
 relaxed to 0.27-0.42, 3 of 36 probes survived, and a lucky one started a streak of 8 drafting
 steps (51-91 drafting steps: 0.969-0.973x of no speculation, fixed one-token drafts 0.978x).
@@ -87,10 +87,14 @@ class DepthSurvival:
     def _count(self, depth: int, trials: float, survived: float) -> None:
         self.trials[depth] += trials
         self.survived[depth] += survived
-        if self.trials[depth] > self.MAX_TRIALS:
-            keep = self.MAX_TRIALS / self.trials[depth]
-            self.trials[depth] *= keep
-            self.survived[depth] *= keep
+        self._cap(self.trials, self.survived, depth)
+
+    def _cap(self, trials: list[float], survived: list[float], depth: int) -> None:
+        """Scales ``depth``'s counts (the profile's or the long-run pool's) down to ``MAX_TRIALS``."""
+        if trials[depth] > self.MAX_TRIALS:
+            keep = self.MAX_TRIALS / trials[depth]
+            trials[depth] *= keep
+            survived[depth] *= keep
 
     def expected(self, num_drafted: int, num_accepted: int) -> float:
         """The survivals the profile (unscaled) expects of a verified draft's tried positions
@@ -114,9 +118,7 @@ class DepthSurvival:
             self.long_survived[depth] = (self.long_survived[depth] + rate * self.survived[depth]) * keep
             self.trials[depth] *= 1 - rate
             self.survived[depth] *= 1 - rate
-            if self.long_trials[depth] > self.MAX_TRIALS:
-                self.long_survived[depth] *= self.MAX_TRIALS / self.long_trials[depth]
-                self.long_trials[depth] = self.MAX_TRIALS
+            self._cap(self.long_trials, self.long_survived, depth)
 
     def rates(self, num_positions: int, scale: float = 1.0) -> list[float]:
         """Survival of positions ``0 .. num_positions - 1`` (the deepest counted depth's rate

@@ -23,9 +23,9 @@ gate's bookkeeping brought the total to ~0.9%, where identical engines read 0.2-
 **Probes.** The first draft after ``REST_AFTER`` skipped steps in a row verifies at most one
 token per request: the estimates that let the gate ask again have relaxed (towards their
 long-run rates), not been measured, and depth 0 is what they need measured first; a deeper
-position then costs a verify row for the product of two guesses. DFlash on code_edit at c=1 (sparse) drafted
-two tokens in its probes, promised 1.33-1.54 committed tokens and got 1.11-1.13: the second
-position, tried 14 times, never survived. Capped to one token (lockstep, 3 repeats against no
+position then costs a verify row for the product of two guesses. DFlash on code_edit at c=1
+(sparse) drafted two tokens in its probes, promised 1.33-1.54 committed tokens and got
+1.11-1.13: the second position, tried 14 times, never survived. Capped to one token (lockstep, 3 repeats against no
 speculation): 0.974 where 0.956, with 50 drafting steps where 83; chat c=1 dense unchanged or
 better (DSpark 1.133 / 1.125, DFlash 1.271 / 1.255). An engine's first drafts are capped alike
 while depth 0 has less evidence than its prior (``DepthSurvival.unmeasured``): DFlash's prior
