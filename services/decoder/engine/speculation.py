@@ -251,11 +251,11 @@ class Speculator:
         if self.profile is not None:
             survivals = [self.calibration(d.confidences) if d.confidences else self._gate_survival(r, len(d.tokens))
                          for r, d in zip(drafting, drafts)]
-            # the spent call is in every length's seconds (none included): without it the plan cut
-            # DFlash's 4-token gate plans to 1 token on 248 of 636 steps at c=1 (1.48 committed in
-            # 58.8 ms). The step is held to what it runs: a draft cut or lengthened is priced so
-            plan = self._plan(running, drafting, survivals, sunk_s=call_s)
-            self._promised_s = plan.seconds
+            plan = self._plan(running, drafting, survivals)
+            # the step is held to what it runs: a draft the confidences cut or lengthened is
+            # priced as such (a lengthened one read as the gate's shortfall: at c=1 a 3-row step
+            # costs 27% more than a 2-row one, and one such step put the gate off for ~10 steps)
+            self._promised_s = plan.seconds + call_s
             lengths = plan.lengths
             if any(lengths):
                 self.plan = plan
@@ -356,9 +356,7 @@ class Speculator:
         return self.depth.rates(num_positions, self.survival(request).scale)
 
     def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
-              draft_s_per_position: float = 0.0, draft_s_per_request: float = 0.0, sunk_s: float = 0.0) -> DraftPlan:
-        """``draft_s``: the drafter's call, charged if any position is taken (before the call);
-        ``sunk_s``: the call's price once it ran, in every length's seconds (none included)."""
+              draft_s_per_position: float = 0.0, draft_s_per_request: float = 0.0) -> DraftPlan:
         decoding = [r for r in running if r.num_pending_tokens == 1]
         # the base: the decodes' plain step (priced, or measured: ``GateSchedule.plain_s``); beside
         # prefill chunks a drafted position costs one more token at the whole step's size (in a
@@ -372,7 +370,7 @@ class Speculator:
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 base_s=(priced_s if measured_s is None else measured_s) + sunk_s,
+                                 base_s=priced_s if measured_s is None else measured_s,
                                  draft_s_per_request=draft_s_per_request)
 
     def fetch_s_per_position(self, request: Request) -> float:
