@@ -151,7 +151,7 @@ def test_a_gate_whose_steps_overrun_their_price_stops_drafting_and_probes_again_
     calls = drafter.calls
     speculator.propose([request])
     assert drafter.calls == calls and speculator.promise is None and speculator.schedule.num_skipped_steps == 1
-    speculator.observe_step(1, 0.010, decoded=(1, 1))  # a plain step reports nothing to the check
+    speculator.observe_step(1, 0.010, decoded=(1, 1))  # a plain step at its base: the plain ratio stays 1
     # each skipped step relaxes the shortfall by COST_RELAX until the promise clears the bar again
     skipped = 1
     while drafter.calls == calls:

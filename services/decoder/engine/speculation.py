@@ -81,12 +81,12 @@ class Speculator:
         self._confidences: dict[str, list[float]] = {}  # request -> its pending draft's raw confidences
         self._cut: dict[str, list[float]] = {}  # request -> calibrated survival of its pending draft's cut positions
         self.plan: DraftPlan | None = None  # the adaptive budget's choice for the coming step (None: no draft verified)
-        # (requests, the gate's plan) of a step whose drafter ran
-        self._promise: tuple[int, DraftPlan] | None = None
+        self._promise: tuple[int, DraftPlan] | None = None  # (requests, the gate's plan) if the drafter ran
         self._promised_s = 0.0  # what that step is held to: the plan after the call + the call's price
         self._propose_s = 0.0  # the coming step's proposal (drafter call, budget), its backlog apart
         self._backlog = (0.0, 0)  # the coming step's deferred context work: (seconds, positions)
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
+        self._plain: tuple[int, float] | None = None  # (requests, base seconds) of a step the gate skipped
         self._prefill_tokens = 0  # the coming step's prefill-chunk tokens beside its decodes
 
     def reset_estimates(self) -> None:
@@ -133,6 +133,7 @@ class Speculator:
             return
         promise, self._promise = self._promise, None
         control, self._control = self._control, None
+        plain, self._plain = self._plain, None
         if promise is not None:
             self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
         if promise is not None and decoded is not None and decoded[0] == promise[0]:
@@ -140,6 +141,8 @@ class Speculator:
             self.realized.observe(self._promised_s, seconds + self._propose_s + backlog_s, backlog_s)
         if promise is None and decoded is not None and num_tokens == decoded[0]:
             self.schedule.measured_plain_step(num_tokens, seconds)  # the base the gate prices
+            if plain is not None and plain[0] == num_tokens:
+                self.realized.observe_plain(plain[1], seconds)  # held to the base it was priced at
         if self.attention_costs is not None and attention is not None:
             self.attention_costs.observe(attention)
             seconds -= attention.seconds
@@ -206,8 +209,7 @@ class Speculator:
         drafting: list[Request] = []
         max_tokens: list[int] = []
         self.plan = None
-        self._promise = None
-        self._control = None
+        self._promise = self._control = self._plain = None
         for request in running:
             room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
             if request.num_pending_tokens == 1 and room > 0:
@@ -302,6 +304,7 @@ class Speculator:
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
             self._skip(drafting)
+            self._plain = (len(running), plan.seconds)  # the base (the empty plan)
         else:
             for request, length in zip(drafting, predicted):
                 if length == 0:

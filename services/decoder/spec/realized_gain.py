@@ -40,6 +40,20 @@ code_edit, c=1). The expectation is the one before the scale: against the scaled
 that corrected a bias would read as no bias and drift back (half-way, in the log: the square
 root of the bias). A drafter without confidences has no cut: the gate's survival is the plan's.
 
+**Plain steps too.** The base a draft is compared with, a plain step's price (the measured plain
+steps' average, at most a little above the step table's price: ``GateSchedule.plain_s``), is also
+in every drafting step's promise, so a base priced low reads as the drafting steps' shortfall.
+Where the gate skipped, the plain step that runs is held to the base it was priced at (moving
+averages as the drafting steps'), and only the drafting steps' shortfall beyond the plain steps'
+raises the bar: ``factor`` is their ratio. A slow spell slows both alike. On dense chat, plain
+steps took 1.03x their base at c=1 (DSpark) and 1.05-1.14x at c=4; at c=1 a bar of 0.07-0.10 kept
+DSpark's gate off 244 of 799 steps, among them a stretch of ~150 where its plans promised 1.06
+and fixed two-token drafts ran 1.11x of plain. With the plain steps' shortfall taken out (c=4,
+lockstep, 3 repeats, median speedup over none): DSpark adaptive 1.096 where 1.061 (fixed k=2
+1.127), DFlash 1.158 where 1.062 (k=2 1.183); c=1 unchanged within the repeats' spread. The plain
+steps' figure fades towards their base over drafting steps (``PLAIN_FADE``), so a spell that it
+caught does not hold the bar down once the gate drafts again.
+
 The ratio is shrunk towards 1 as if ``PRIOR_STEPS`` more calls had kept what the gate expected
 (the Gamma-Poisson estimate of a rate multiplier, as ``RequestSurvival``'s), and skipped steps
 age its evidence as they age the pooled profile's. Set outright by the first drafting step, the
@@ -71,6 +85,8 @@ class RealizedGain:
     # the gate stayed off for ~30 steps where fixed 2-token drafts paid 1.2x
     PRIOR_KEPT_STEPS = 3
 
+    PLAIN_FADE = 0.02  # of the plain steps' shortfall undone per drafting step
+
     TOKENS_MEMORY = 0.98  # per drafter call, of the token sums (~50 calls of memory)
     PRIOR_STEPS = 4.0  # pseudo-calls that kept what the gate expected
     MIN_EXPECTED = 0.05  # drafted tokens the gate expects below which a call says nothing of the scale
@@ -81,6 +97,8 @@ class RealizedGain:
         # one slow step among ten fast ones weighs by its seconds, not by its ratio)
         self.promised_s = self.seconds = 0.0
         self.num_steps = 0
+        self.plain_priced_s = self.plain_seconds = 0.0  # the same over plain steps where the gate skipped
+        self.num_plain_steps = 0
         self.context_s = 0.0  # moving average of a drafting step's steady context work (``observe``)
         # decayed sums over drafter calls of the drafted tokens the gate expected to commit, of
         # those the kept drafts are expected to commit, and of the calls themselves
@@ -120,15 +138,34 @@ class RealizedGain:
 
     @property
     def factor(self) -> float:
-        """Promised / taken seconds of recent drafting steps, at most 1."""
-        if self.num_steps == 0:
-            return 1.0
-        return min(self.promised_s / self.seconds, 1.0)
+        """The plain steps' taken / priced seconds over the drafting steps' taken / promised (each 1
+        while unmeasured), at most 1."""
+        drafting = self.seconds / self.promised_s if self.num_steps else 1.0
+        plain = self.plain_seconds / self.plain_priced_s if self.num_plain_steps else 1.0
+        return min(plain / drafting, 1.0)
 
     def required_gain(self, min_gain: float) -> float:
         """The fraction more than no draft's throughput a draft must promise: ``min_gain``
         scaled up by the shortfall."""
         return (1.0 + min_gain) / self.factor - 1.0
+
+    def observe_plain(self, priced_s: float, seconds: float) -> None:
+        """A plain step where the gate skipped, its base priced at ``priced_s``, took ``seconds``
+        (clamped and averaged as a drafting step's)."""
+        if priced_s <= 0 or seconds <= 0:
+            raise ValueError("a plain step's price and duration must be positive")
+        self.plain_priced_s, self.plain_seconds, self.num_plain_steps = self._averaged(
+            self.plain_priced_s, self.plain_seconds, self.num_plain_steps, priced_s, seconds)
+
+    def _averaged(self, promised_avg: float, seconds_avg: float, num: int, promised_s: float,
+                  seconds: float) -> tuple[float, float, int]:
+        """The moving averages of promised and taken seconds after a step (``observe``'s rule)."""
+        recent = seconds_avg / promised_avg if num else 1.0  # taken / promised
+        seconds = min(seconds, promised_s * recent * self.MAX_JUMP)
+        if num == 0:  # the prior: steps that took what they were promised
+            promised_avg = seconds_avg = promised_s
+        w = max(1.0 / (num + 1 + self.PRIOR_KEPT_STEPS), self.WEIGHT)
+        return promised_avg + w * (promised_s - promised_avg), seconds_avg + w * (seconds - seconds_avg), num + 1
 
     def observe(self, promised_s: float, seconds: float, context_s: float = 0.0) -> None:
         """A drafting step was priced at ``promised_s`` seconds and took ``seconds``, of which
@@ -140,20 +177,15 @@ class RealizedGain:
         steps where fixed 2-token drafts paid 1.2x."""
         if promised_s <= 0 or seconds <= 0 or context_s < 0:
             raise ValueError("a drafting step's price and duration must be positive, its context share not negative")
-        recent = self.seconds / self.promised_s if self.num_steps else 1.0  # taken / promised
-        seconds = min(seconds, promised_s * recent * self.MAX_JUMP)
         # the plain mean of the steps so far (and the prior's) until the moving average's memory is full: when only
         # the first step set the averages, the first drafting step of a cold engine decided for
         # the next ~50 (c=16, DSpark: the gate expected 2030 tokens where its steps committed 1581,
         # and the first decode read 0.84x of no speculation where the second read 1.01x)
-        if self.num_steps == 0:  # the prior: steps that took what they were promised
-            self.promised_s = self.seconds = promised_s
-        w = max(1.0 / (self.num_steps + 1 + self.PRIOR_KEPT_STEPS), self.WEIGHT)
         # a plain mean of the measured steps (no prior: nothing is known of the work before) until WEIGHT
         self.context_s += max(1.0 / (self.num_steps + 1), self.WEIGHT) * (context_s - self.context_s)
-        self.promised_s += w * (promised_s - self.promised_s)
-        self.seconds += w * (seconds - self.seconds)
-        self.num_steps += 1
+        self.promised_s, self.seconds, self.num_steps = self._averaged(
+            self.promised_s, self.seconds, self.num_steps, promised_s, seconds)
+        self.plain_seconds += self.PLAIN_FADE * (self.plain_priced_s - self.plain_seconds)
 
     def relax(self, rate: float) -> None:
         """A step the gate skipped: the seconds taken move ``rate`` of the way to those promised
