@@ -60,7 +60,7 @@ def test_a_plain_price_or_duration_that_is_not_positive_is_refused(args):
 
 def test_a_step_the_gate_skipped_is_held_to_the_base_it_priced():
     """The gate prices its base at the empty plan's seconds; the plain step that runs after it
-    skipped reports against that price. A control step or a prefill step does not."""
+    skipped reports against that price; a step with a prefill chunk does not."""
     speculator, request, drafter = _one_request_speculator()
     for _ in range(400):
         speculator.depth.observe(1, 0)  # drafts that never survive: the gate skips

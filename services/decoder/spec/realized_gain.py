@@ -162,6 +162,10 @@ class RealizedGain:
         """The moving averages of promised and taken seconds after a step (``observe``'s rule)."""
         recent = seconds_avg / promised_avg if num else 1.0  # taken / promised
         seconds = min(seconds, promised_s * recent * self.MAX_JUMP)
+        # the plain mean of the steps so far (and the prior's) until the moving average's memory
+        # is full: when only the first step set the averages, the first drafting step of a cold
+        # engine decided for the next ~50 (c=16, DSpark: the gate expected 2030 tokens where its
+        # steps committed 1581, and the first decode read 0.84x of no speculation where the second 1.01x)
         if num == 0:  # the prior: steps that took what they were promised
             promised_avg = seconds_avg = promised_s
         w = max(1.0 / (num + 1 + self.PRIOR_KEPT_STEPS), self.WEIGHT)
@@ -177,10 +181,6 @@ class RealizedGain:
         steps where fixed 2-token drafts paid 1.2x."""
         if promised_s <= 0 or seconds <= 0 or context_s < 0:
             raise ValueError("a drafting step's price and duration must be positive, its context share not negative")
-        # the plain mean of the steps so far (and the prior's) until the moving average's memory is full: when only
-        # the first step set the averages, the first drafting step of a cold engine decided for
-        # the next ~50 (c=16, DSpark: the gate expected 2030 tokens where its steps committed 1581,
-        # and the first decode read 0.84x of no speculation where the second read 1.01x)
         # a plain mean of the measured steps (no prior: nothing is known of the work before) until WEIGHT
         self.context_s += max(1.0 / (self.num_steps + 1), self.WEIGHT) * (context_s - self.context_s)
         self.promised_s, self.seconds, self.num_steps = self._averaged(
