@@ -73,3 +73,29 @@ def test_a_step_the_gate_skipped_is_held_to_the_base_it_priced():
     speculator.propose([request])
     speculator.observe_step(40, 0.5, decoded=None)  # a prefill chunk ran in the same pass
     assert speculator.realized.num_plain_steps == 1
+
+
+def test_a_step_the_gate_rests_on_is_held_to_the_base_as_priced_then():
+    """While the gate rests (``GateSchedule.rests``: it asks only every few skipped steps) the
+    plain steps between its asks report too, each against the base as priced that step. Observed
+    only where the gate asked, the plain figure held a stale base's for ~40 steps of rest after a
+    drafting streak had priced the base high (c=4, DSpark: plain steps took 0.87 of it), and the
+    bar it raised kept the gate off ~100 steps where drafting paid 1.12x of the plain steps."""
+    from services.decoder.spec.gate_schedule import GateSchedule
+
+    speculator, request, drafter = _one_request_speculator()
+    for _ in range(400):
+        speculator.depth.observe(1, 0)  # drafts that never survive: the gate skips
+    asks, reported = [0], []
+    worth, observe_plain = speculator._worth_the_drafter, speculator.realized.observe_plain
+    speculator._worth_the_drafter = lambda *a: (asks.__setitem__(0, asks[0] + 1), worth(*a))[1]
+    speculator.realized.observe_plain = lambda p, s: (reported.append(p), observe_plain(p, s))[1]
+    steps = GateSchedule.REST_AFTER + 4 * GateSchedule.REST_EVERY
+    for _ in range(steps):
+        speculator.propose([request])
+        base_s = speculator._base_s([request])  # the base as priced this step
+        speculator.observe_step(1, 0.012, decoded=(1, 1))  # 12 ms where the table priced 10
+        assert reported[-1] == pytest.approx(base_s)
+    assert speculator.schedule.num_skipped_steps == steps and asks[0] == GateSchedule.REST_AFTER + 4
+    assert len(reported) == speculator.realized.num_plain_steps == steps
+    assert reported[-1] > reported[0] == pytest.approx(0.010)  # the base followed the measured steps

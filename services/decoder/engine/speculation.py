@@ -45,14 +45,8 @@ from services.decoder.spec.depth_survival import DepthSurvival, RequestSurvival
 from services.decoder.spec.drafter import Drafter, DraftRequest
 from services.decoder.spec.gate_schedule import GateSchedule
 from services.decoder.spec.realized_gain import RealizedGain
-from services.decoder.spec.verify_budget import (
-    BudgetProfile,
-    CalibratedCosts,
-    DraftPlan,
-    MachineSpeed,
-    choose_draft_plan,
-    expected_committed,
-)
+from services.decoder.spec.verify_budget import (BudgetProfile, CalibratedCosts, DraftPlan, MachineSpeed,
+                                                  choose_draft_plan, expected_committed)
 
 
 class Speculator:
@@ -86,7 +80,7 @@ class Speculator:
         self._propose_s = 0.0  # the coming step's proposal (drafter call, budget), its backlog apart
         self._backlog = (0.0, 0)  # the coming step's deferred context work: (seconds, positions)
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
-        self._plain: tuple[int, float] | None = None  # (requests, base seconds) of a step the gate skipped
+        self._plain: tuple[int, float] | None = None  # (requests, base seconds) of a step the gate skipped or rested
         self._prefill_tokens = 0  # the coming step's prefill-chunk tokens beside its decodes
 
     def reset_estimates(self) -> None:
@@ -223,6 +217,7 @@ class Speculator:
         if self.profile is not None and drafting:
             if self.schedule.rests(len(drafting)):
                 self._skip(drafting)
+                self._plain = (len(running), self._base_s(running))  # measured as an asked skip's
                 drafting = []
             else:
                 max_tokens = self.schedule.probe_lengths(max_tokens, self.depth.unmeasured())
@@ -358,22 +353,27 @@ class Speculator:
             return self.depth.rates(num_positions, self.realized.survival_scale)
         return self.depth.rates(num_positions, self.survival(request).scale)
 
-    def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
-              draft_s_per_position: float = 0.0, draft_s_per_request: float = 0.0) -> DraftPlan:
+    def _base_s(self, running: list[Request]) -> float:
+        """The gate's base: the seconds of the decodes' plain step (priced, or measured:
+        ``GateSchedule.plain_s``)."""
         decoding = [r for r in running if r.num_pending_tokens == 1]
-        # the base: the decodes' plain step (priced, or measured: ``GateSchedule.plain_s``); beside
-        # prefill chunks a drafted position costs one more token at the whole step's size (in a
-        # full step it displaces a chunk token), and the chunks commit nothing of the decodes'
         priced_s = (self.step_costs.seconds_at(len(decoding)) + self.attend_s([(r, 1) for r in decoding])
                     + sum(self.fetch_s_per_position(r) for r in decoding))
         measured_s = self.schedule.plain_s(len(decoding), priced_s)
-        return choose_draft_plan(confidences, committed_base=len(decoding),
-                                 tokens_base=len(decoding) + self._prefill_tokens,
+        return priced_s if measured_s is None else measured_s
+
+    def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
+              draft_s_per_position: float = 0.0, draft_s_per_request: float = 0.0) -> DraftPlan:
+        # beside prefill chunks a drafted position costs one more token at the whole step's size
+        # (in a full step it displaces a chunk token), and the chunks commit nothing of the decodes'
+        decoding = sum(1 for r in running if r.num_pending_tokens == 1)
+        return choose_draft_plan(confidences, committed_base=decoding,
+                                 tokens_base=decoding + self._prefill_tokens,
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 base_s=priced_s if measured_s is None else measured_s,
+                                 base_s=self._base_s(running),
                                  draft_s_per_request=draft_s_per_request)
 
     def fetch_s_per_position(self, request: Request) -> float:

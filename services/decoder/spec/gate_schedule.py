@@ -13,7 +13,8 @@ cost drafting steps' gains (14 of 259 steps, ~1.5% of DFlash's throughput).
 
 **Rests.** After ``REST_AFTER`` skipped steps in a row (no draft could pay for the drafter), the
 gate asks only every ``REST_EVERY`` steps, and at once when the number of candidates changes;
-the steps between are skipped steps all the same (estimates relax, requests' evidence ages).
+the steps between are skipped steps all the same (estimates relax, requests' evidence ages,
+the plain step is held to the base: ``RealizedGain.observe_plain``).
 At c=16, where nothing pays, asking cost 0.29 ms of a 59 ms step (0.5%) for the same answer.
 After ``REST_LONG_AFTER`` skipped steps in a row it asks every ``REST_LONG_EVERY`` steps: an
 adaptive engine whose gate never drafts must cost next to nothing over no speculation, and every
