@@ -111,6 +111,22 @@ def test_the_first_draft_after_a_run_of_skipped_steps_verifies_one_token_per_req
     assert drafter.calls == 2 and request.draft_ids == [7] * 4
 
 
+@pytest.mark.parametrize("call_s, draft", [(0.004, [7]), (0.006, [7, 7])])
+def test_a_probe_drafts_longer_where_one_token_cannot_pay_for_the_drafters_call(call_s, draft):
+    """A probe (the first draft after a run of skipped steps) whose one-token drafts cannot pay
+    for the drafter's call plans the full lengths instead: 10 ms steps, survival 0.5 at every
+    depth, a call of 4 ms lets one token pay (1.5 / 1.4 of no draft), one of 6 ms does not (1.5 /
+    1.6) where two tokens do (1.75 / 1.6). Capped at one token, such a gate never drafted again
+    (DSpark, c=4: 99 of 202 skipped asks at 4 requests were probes; fixed two-token drafts ran
+    1.07x of the plain steps there)."""
+    speculator, request, drafter = _one_request_speculator(spec_tokens=2)
+    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (call_s, call_s)))
+    measured_at_prior(speculator.depth)
+    speculator.schedule.skipped_streak = GateSchedule.REST_AFTER  # a run of skipped steps: the gate probes
+    speculator.propose([request])
+    assert drafter.calls == 1 and request.draft_ids == draft
+
+
 def test_an_engines_first_drafts_verify_one_token_until_depth_0_is_measured():
     """A prior that says drafts of 4 pay: the first PRIOR_TRIALS drafts, whose depth 0 rests on
     the prior alone, verify one token each; once measured (all survived) the gate drafts 4."""

@@ -31,6 +31,7 @@ target gets the committed positions' features (never rejected rows).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -220,8 +221,8 @@ class Speculator:
                 self._plain = (len(running), self._base_s(running))  # measured as an asked skip's
                 drafting = []
             else:
-                max_tokens = self.schedule.probe_lengths(max_tokens, self.depth.unmeasured())
-                drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens)
+                probe = self.schedule.probe_lengths(max_tokens, self.depth.unmeasured())
+                drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens, probe)
             if drafting:
                 self._promise = (len(running), promise)
         self.schedule.proposed(bool(drafting))
@@ -282,8 +283,9 @@ class Speculator:
             else:
                 self._confidences.pop(request.request_id, None)
 
-    def _worth_the_drafter(self, running, drafting, max_tokens):
-        """Keeps the requests whose predicted draft (predicted survival, full length)
+    def _worth_the_drafter(self, running, drafting, max_tokens, probe):
+        """Keeps the requests whose predicted draft (predicted survival, at most the ``probe``
+        lengths or, where none of those pays, ``max_tokens``: ``GateSchedule.probe_lengths``)
         would pay for the drafter's forward, charged once for the call, and limits each to its
         predicted length (+ ``LENGTH_HEADROOM`` with confidences): the drafter then scores only
         those positions (its heads run per position), and confidences may still cut the draft or
@@ -293,8 +295,11 @@ class Speculator:
         draft_s = self.draft_costs.seconds_at(len(drafting)) + self.realized.context_s  # 1 position each + context
         per_position_s = self.profile.draft_s_per_position(len(drafting))
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
-        plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
-                          draft_s, self.realized.required_gain(self.MIN_GAIN), per_position_s, headroom * per_position_s)
+        for max_tokens in dict.fromkeys((tuple(probe), tuple(max_tokens))):  # probe's, then all
+            plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
+                              draft_s, self.realized.required_gain(self.MIN_GAIN), per_position_s, headroom * per_position_s)
+            if any(plan.lengths):
+                break
         predicted = plan.lengths
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
@@ -317,16 +322,13 @@ class Speculator:
         return [drafting[i] for i in keep], asks, plan
 
     def _could_lengthen(self, request: Request, length: int, rate: float, position_s: float) -> bool:
-        """Whether verifying one more position than ``length`` could pay for ``request`` this
-        step (``rate``: the plan's committed tokens per second; ``position_s``: the step's next row
-        and the drafter's price of it) at the best survival the calibration maps any confidence
-        to (its top bin, per depth): the headroom is asked for only then. At c=1 the third row of
-        a step costs 20-27% more than the second (the GEMM kernels switch), and on code the second
-        position, given the first survived, survived 0 of 12 times at the highest confidences:
-        the headroom cost 0.45 ms of every 33 ms step and its two-token drafts lost to one-token ones."""
-        alive = 1.0
-        for depth in range(length + 1):
-            alive *= self.calibration.best(depth)
+        """Whether verifying one more position than ``length`` could pay for ``request`` this step
+        (``rate``: the plan's committed tokens per second; ``position_s``: the step's next row and the
+        drafter's price of it) at the best survival the calibration maps any confidence to (its top
+        bin, per depth): the headroom is asked for only then. At c=1 a step's third row costs 20-27%
+        more than its second, and on code the second position survived 0 of 12 times at the highest
+        confidences: the headroom cost 0.45 ms of every 33 ms step, two-token drafts lost to one-token ones."""
+        alive = math.prod(self.calibration.best(depth) for depth in range(length + 1))
         return alive > rate * (position_s + self.fetch_s_per_position(request) + self.attend_s_per_position(request))
 
     def _skip(self, candidates: list[Request]) -> None:
@@ -367,14 +369,12 @@ class Speculator:
         # beside prefill chunks a drafted position costs one more token at the whole step's size
         # (in a full step it displaces a chunk token), and the chunks commit nothing of the decodes'
         decoding = sum(1 for r in running if r.num_pending_tokens == 1)
-        return choose_draft_plan(confidences, committed_base=decoding,
-                                 tokens_base=decoding + self._prefill_tokens,
+        return choose_draft_plan(confidences, committed_base=decoding, tokens_base=decoding + self._prefill_tokens,
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
-                                 draft_s_per_position=draft_s_per_position,
+                                 draft_s_per_position=draft_s_per_position, draft_s_per_request=draft_s_per_request,
                                  fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
                                  attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 base_s=self._base_s(running),
-                                 draft_s_per_request=draft_s_per_request)
+                                 base_s=self._base_s(running))
 
     def fetch_s_per_position(self, request: Request) -> float:
         """A SPARSE request's extra verified position fetches its measured misses per query token."""
