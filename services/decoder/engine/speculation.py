@@ -217,8 +217,7 @@ class Speculator:
             drafting = []
         if self.profile is not None and drafting:
             if self.schedule.rests(len(drafting)):
-                self._skip(drafting)
-                self._plain = (len(running), self._base_s(running))  # measured as an asked skip's
+                self._skip(drafting, len(running), self._base_s(running))
                 drafting = []
             else:
                 probe = self.schedule.probe_lengths(max_tokens, self.depth.unmeasured())
@@ -303,8 +302,7 @@ class Speculator:
         predicted = plan.lengths
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
-            self._skip(drafting)
-            self._plain = (len(running), plan.seconds)  # the base (the empty plan)
+            self._skip(drafting, len(running), plan.seconds)  # the base: the empty plan's seconds
         else:
             for request, length in zip(drafting, predicted):
                 if length == 0:
@@ -331,10 +329,12 @@ class Speculator:
         alive = math.prod(self.calibration.best(depth) for depth in range(length + 1))
         return alive > rate * (position_s + self.fetch_s_per_position(request) + self.attend_s_per_position(request))
 
-    def _skip(self, candidates: list[Request]) -> None:
-        """A step where no draft could pay for the drafter: the candidates' evidence ages, and
-        the drafter's cost correction, the realized shortfall and survival scale, and the pooled
-        profile relax."""
+    def _skip(self, candidates: list[Request], num_running: int, base_s: float) -> None:
+        """A step where no draft could pay for the drafter (asked or resting): the candidates'
+        evidence ages, and the drafter's cost correction, the realized shortfall and survival
+        scale, and the pooled profile relax; its plain step is held to ``base_s``, the base as
+        priced now (``RealizedGain.observe_plain``)."""
+        self._plain = (num_running, base_s)
         for request in candidates:
             self.survival(request).idle()
         self.schedule.skipped()

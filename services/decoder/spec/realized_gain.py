@@ -44,8 +44,8 @@ root of the bias). A drafter without confidences has no cut: the gate's survival
 steps' average, at most a little above the step table's price: ``GateSchedule.plain_s``), is also
 in every drafting step's promise, so a base priced low reads as the drafting steps' shortfall.
 Where the gate skipped or rested, the plain step that runs is held to the base as priced that
-step (moving averages as the drafting steps'), and only the drafting steps' shortfall beyond the plain steps'
-raises the bar: ``factor`` is their ratio. A slow spell slows both alike. On dense chat, plain
+step (moving averages as the drafting steps'), and only the drafting steps' shortfall beyond the
+plain steps' raises the bar: ``factor`` is their ratio. A slow spell slows both alike. On dense chat, plain
 steps took 1.03x their base at c=1 (DSpark) and 1.05-1.14x at c=4; at c=1 a bar of 0.07-0.10 kept
 DSpark's gate off 244 of 799 steps, among them a stretch of ~150 where its plans promised 1.06
 and fixed two-token drafts ran 1.11x of plain. With the plain steps' shortfall taken out (c=4,
