@@ -1,6 +1,9 @@
 """The adaptive budget's check of its own prices: drafting steps that take longer than the gate
 priced them at raise the gain a draft must promise; skipped steps relax it."""
 
+import math
+import statistics
+
 import pytest
 
 from services.decoder.spec.realized_gain import RealizedGain
@@ -11,6 +14,7 @@ from tests.spec.test_verify_budget_costs import _decoding_request
 
 def test_the_factor_is_promised_over_taken_seconds_from_moving_averages():
     gain = RealizedGain()
+    gain.NOISE_MARGIN = 0.0  # the averages alone (their noise margin: its own tests)
     prior = RealizedGain.PRIOR_KEPT_STEPS
     assert gain.factor == 1.0 and gain.required_gain(0.02) == pytest.approx(0.02)
     gain.observe(0.050, 0.060)  # priced at 50 ms, took 60 (within MAX_JUMP): one step against the prior's kept ones
@@ -67,11 +71,43 @@ def test_one_slow_step_among_kept_promises_lifts_the_bar_little():
     sat out ~60 steps where drafting paid. Counted as 1.25x the recent shortfall, it moves the
     bar by at most WEIGHT x 25%."""
     gain = RealizedGain()
+    gain.NOISE_MARGIN = 0.0  # the clamp alone (the step's spread lowers the bar further)
     for _ in range(20):
         gain.observe(0.050, 0.050)
     gain.observe(0.050, 0.150)
     assert gain.required_gain(0.02) == pytest.approx(1.02 * (1 + RealizedGain.WEIGHT * (RealizedGain.MAX_JUMP - 1)) - 1)
     assert gain.required_gain(0.02) < 0.05
+
+
+def test_the_shortfall_is_raised_by_the_standard_error_of_the_steps_log_ratios():
+    """Five drafting steps (a plain mean): the factor is the averages' ratio times exp of one
+    standard error of the steps' log taken / promised (population variance over 5 steps)."""
+    ratios = [1.0, 1.1, 0.95, 1.2, 1.05]  # taken / promised, none beyond MAX_JUMP of the recent ones
+    gain, averages_only = RealizedGain(), RealizedGain()
+    averages_only.NOISE_MARGIN = 0.0
+    for ratio in ratios:
+        gain.observe(0.050, 0.050 * ratio)
+        averages_only.observe(0.050, 0.050 * ratio)
+    noise = math.sqrt(statistics.pvariance([math.log(r) for r in ratios]) / len(ratios))
+    assert gain.noise == pytest.approx(noise)
+    assert averages_only.factor < 1.0
+    assert gain.factor == pytest.approx(min(averages_only.factor * math.exp(noise), 1.0))
+
+
+def test_a_spell_of_scattered_steps_barely_lifts_the_bar_where_a_lasting_shortfall_does():
+    """Steps scattered by ~15% around their price, three slow ones in a row among them (a spell
+    of this 2-core machine), against a lasting 30% shortfall scattered alike: the spell's bar
+    stays within the noise of the averages, the lasting one is learnt."""
+    scatter = [1.0, 0.85, 1.15, 0.9, 1.1, 1.2, 0.8, 1.05, 0.95, 1.0] * 3
+    spell, lasting = RealizedGain(), RealizedGain()
+    for ratio in scatter + [1.25, 1.25, 1.25]:
+        spell.observe(0.050, 0.050 * ratio)
+    for ratio in scatter:
+        lasting.observe(0.050, 0.050 * 1.3 * ratio)
+    assert spell.required_gain(0.02) < 0.055  # ~0.02 + the spell's 3% beyond one standard error
+    spell.NOISE_MARGIN = 0.0
+    assert spell.required_gain(0.02) > 0.085  # the averages alone
+    assert lasting.required_gain(0.02) > 0.25
 
 
 @pytest.mark.parametrize("args", [(0.0, 0.05), (0.05, 0.0), (-0.01, 0.05)])
@@ -109,6 +145,7 @@ def test_a_gate_whose_steps_overrun_their_price_stops_drafting_and_probes_again_
     clock = [0.0]
     monkeypatch.setattr(speculation.time, "perf_counter", lambda: clock[0])
     speculator, request, drafter = _one_request_speculator()
+    speculator.realized.NOISE_MARGIN = 0.0  # the averages alone: the count below follows them
     unpriced_s = [0.0]  # what the drafter's call takes beyond its price (its table, profiled at 0 s, learns nothing)
     propose_batch = drafter.propose_batch
 
