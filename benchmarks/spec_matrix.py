@@ -59,12 +59,12 @@ def matrix() -> list[Run]:
         at = ("--attention", attention)
         runs += [
             Run(f"{attention}_chat_c1_c4", ("--kinds", "chat", "--concurrency", "1,4", "--rounds", "3",
-                                            "--max-tokens", "128", "--settings", LEARNED_K2, *PAIRED_3, *at), 17),
+                                            "--max-tokens", "128", "--settings", LEARNED_K2, *PAIRED_3, *at), 18),
             Run(f"{attention}_chat_c16", ("--kinds", "chat", "--concurrency", "16", "--max-tokens", "128",
                                           "--settings", LEARNED, *PAIRED, *at), 4),
             # 3 rounds of 128 tokens: one batch of 64 put c=4's A/A control at 1.04 (one repeat 1.08)
             Run(f"{attention}_code_edit", ("--kinds", "code_edit", "--concurrency", "1,4,16", "--rounds", "3",
-                                           "--max-tokens", "128", "--settings", COPY_HEAVY, *PAIRED, *at), 10),
+                                           "--max-tokens", "128", "--settings", COPY_HEAVY, *PAIRED, *at), 17),
             Run(f"{attention}_long_doc_c1_c4", ("--kinds", "long_doc_qa", "--concurrency", "1,4", "--prompts", "4",
                                                 "--settings", LEARNED, *PAIRED, *at), 25),
         ]
