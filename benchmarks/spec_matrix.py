@@ -5,7 +5,7 @@ then ``matrix.md``: every run's targets and its rows in ``benchmarks.report``'s 
     python -m benchmarks.spec_matrix --list                 # the runs, their arguments, rough CPU minutes
     python -m benchmarks.spec_matrix [--only NAME ...]       # run what the folder lacks, then matrix.md
 
-The matrix is long (about 3 h on a 2-core CPU, mostly the long documents), so it is resumable
+The matrix is long (about 4.5 h on a 2-core CPU, mostly the long documents), so it is resumable
 across sittings: a run whose JSON is in the folder is kept if it measured the same ``services/``
 tree (the engine, drafters and weights: ``git rev-parse HEAD:services``) with the same
 arguments, and run again otherwise. ``manifest.json`` records
@@ -54,7 +54,7 @@ def matrix() -> list[Run]:
     """Every run: block-8 acceptance, then per attention the cheap kinds before the long documents
     (a sitting that ends part-way keeps whole kinds)."""
     runs = [Run("block8_acceptance_chat", ("--kinds", "chat", "--concurrency", "16", "--prompts", "132",
-                                           "--max-tokens", "256", "--settings", "none,dspark:7,dflash:7,dflash2:7"), 18)]
+                                           "--max-tokens", "256", "--settings", "none,dspark:7,dflash:7,dflash2:7"), 20)]
     for attention in ("dense", "sparse"):
         at = ("--attention", attention)
         runs += [
@@ -67,14 +67,14 @@ def matrix() -> list[Run]:
             # band of 2 repeats is a stdev of two samples (dense c=4: repeats 0.998 and 0.999, band
             # 0.001, against which adaptive rows at 0.996 and 0.992 failed)
             Run(f"{attention}_code_edit", ("--kinds", "code_edit", "--concurrency", "1,4,16", "--rounds", "3",
-                                           "--max-tokens", "128", "--settings", COPY_HEAVY, *PAIRED_3, *at), 25),
+                                           "--max-tokens", "128", "--settings", COPY_HEAVY, *PAIRED_3, *at), 18),
             Run(f"{attention}_long_doc_c1_c4", ("--kinds", "long_doc_qa", "--concurrency", "1,4", "--prompts", "4",
                                                 "--settings", LEARNED, *PAIRED, *at), 25),
         ]
         for drafter in ("dspark", "dflash"):
             runs.append(Run(f"{attention}_long_doc_c16_{drafter}",
                             ("--kinds", "long_doc_qa", "--concurrency", "16", "--prompts", "16", "--lockstep",
-                             "--settings", f"none,{drafter}:1,{drafter}:7:adaptive,none", *at), 22))
+                             "--settings", f"none,{drafter}:1,{drafter}:7:adaptive,none", *at), 30))
     return runs
 
 
