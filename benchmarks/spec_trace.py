@@ -160,20 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.spec_trace", description=__doc__.split("\n")[0])
     parser.add_argument("--kind", default="chat")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="prompts per in-flight slot: ROUNDS x CONCURRENCY prompts, the next starting as one "
+                             "finishes (as benchmarks.spec --rounds)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--settings", default="none,dspark:1,dspark:7:adaptive")
     parser.add_argument("--attention", default="dense", choices=["dense", "sparse"])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--schedule", default="lockstep", choices=["interleave", "lockstep"],
                         help="the engines take turns step by step (lockstep) or whole decodes (interleave)")
+    parser.add_argument("--steps", action="store_true", help="also write every step's record (StepTrace.steps)")
     parser.add_argument("--name", default="spec_trace")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     loaded = load_model(resolve_model_path(None))
-    prompts = build_prompts(loaded.tokenizer, args.kind, args.concurrency)
+    prompts = build_prompts(loaded.tokenizer, args.kind, args.rounds * args.concurrency)
     runs = []
     for spec, spec_tokens, budget in parse_settings(args.settings):
-        run = SettingRun(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1), budget, args.attention)
+        run = SettingRun(loaded, prompts, args.max_tokens, spec, max(spec_tokens, 1), budget, args.attention,
+                         batch_size=args.concurrency)
         runs.append((f"{spec}:{spec_tokens}:{budget}", run, StepTrace(run.llm.engine)))  # traced after the warm-up
     repeat_runs([run for _name, run, _trace in runs], args.repeats, lockstep=args.schedule == "lockstep")
     rows = []
@@ -182,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         figures = run.figures()
         row = {"setting": name, "tokens_per_s": figures["tokens_per_s"], "tokens_per_s_runs": figures["tokens_per_s_runs"],
                "speedup_vs_none": speedup(figures, base, paired=True), **summarize(trace.steps)}  # repeats paired
+        if args.steps:
+            row["steps"] = trace.steps
         run.close()
         rows.append(row)
         echo(f"{name:20s} {row['tokens_per_s']:6.1f} tok/s x{row['speedup_vs_none']:.2f}  "
