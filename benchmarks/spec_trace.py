@@ -2,8 +2,9 @@
 budget predicted for each step against what the step then took.
 
 For one prompt kind and concurrency, each setting (``none`` first, then e.g. ``dspark:1`` and
-``dspark:7:adaptive``) gets its own engine; the batch is decoded ``--repeats`` times per engine,
-the engines stepping by turns (``--schedule lockstep``, the default) or decoding by turns.
+``dspark:7:adaptive``) gets its own engine; its ``--rounds`` x concurrency prompts (concurrency in
+flight, the next starting as one finishes) are decoded ``--repeats`` times per engine, the engines
+stepping by turns (``--schedule lockstep``, the default) or decoding by turns.
 Every engine step records: decoding requests, batch tokens, drafted and committed tokens, the
 target pass's measured seconds and the seconds the speculator priced that step at just before
 (step table + attention per key row), the proposal's seconds (drafter call included) and the
@@ -12,7 +13,8 @@ rest of the step (scheduling, bookkeeping, feature hand-off).
 Summary per setting: committed tokens per second of step time, the split of that time, the
 step table's error (measured / predicted, per batch-token count), and, for a setting that
 drafts, its realized gain per step over a non-drafting step with the same requests priced by
-the same table. Writes ``results/<date>-<machine>/<name>.json``.
+the same table. Writes ``results/<date>-<machine>/<name>.json`` (with ``--steps``, every step's
+record too).
 """
 
 from __future__ import annotations
