@@ -48,11 +48,24 @@ def test_training_forward_equals_the_serving_path(kind):
         drafter.observe(rid, anchor // 2, features[anchor // 2 : anchor])
         (draft,) = drafter.propose_batch([DraftRequest(rid, ids[: anchor + 1].tolist(), 10)])
         assert draft.tokens == want_tokens[n].tolist()
-        if kind == "dspark":
-            torch.testing.assert_close(torch.tensor(draft.confidences), want_conf[n], rtol=1e-5, atol=1e-6)
-        else:
-            assert draft.confidences is None
+        torch.testing.assert_close(torch.tensor(draft.confidences), want_conf[n], rtol=1e-5, atol=1e-6)
     assert kind != "dspark" or not torch.equal(want_conf, torch.full_like(want_conf, 0.5))
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_drafter_without_a_confidence_head_scores_each_pick_by_its_softmax_probability(kind):
+    """DFlash / DFlash2 confidences: the probability ``softmax`` of the drafter's logits gives the
+    token it picked (DFlash2's selector may pick another than the argmax), in (0, 1]."""
+    cfg = small_config(kind)
+    net = random_net(cfg, seed=3)
+    torch.manual_seed(4)
+    hidden = torch.randn(2, cfg.block_size - 1, cfg.hidden_size)
+    embed = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    with torch.no_grad():
+        tokens, confidences = net.choose(hidden, torch.tensor([3, 7]), embed)
+        probs = torch.softmax(net.base_logits(hidden, embed), dim=-1)
+    torch.testing.assert_close(confidences, probs.gather(-1, tokens[..., None])[..., 0], rtol=1e-5, atol=1e-7)
+    assert kind != "dflash" or torch.equal(tokens, probs.argmax(-1))
 
 
 def test_a_batch_of_requests_drafts_what_each_drafts_alone():

@@ -61,7 +61,7 @@ def test_shipped_drafter_starts_the_budget_from_its_heldout_acceptance(loaded_mo
 def test_a_shorter_draft_is_the_full_drafts_prefix(loaded_model, chat_prompts, kind):
     """The drafter scores only the positions a request asks for (its heads pick left to right,
     the block's attention stays whole), so asking for 2 tokens gives the first 2 of the 7-token
-    draft, with the same confidences."""
+    draft, with the same confidences (every kind scores its picks)."""
     from services.decoder.spec.drafter import DraftRequest
 
     llm = LLM(loaded=loaded_model, spec=kind, spec_tokens=7)
@@ -76,8 +76,7 @@ def test_a_shorter_draft_is_the_full_drafts_prefix(loaded_model, chat_prompts, k
     full, = drafter.propose_batch([DraftRequest(rid, ids, 7)])
     short, = drafter.propose_batch([DraftRequest(rid, ids, 2)])
     assert len(full.tokens) == 7 and short.tokens == full.tokens[:2]
-    if kind == "dspark":
-        assert short.confidences == pytest.approx(full.confidences[:2], abs=1e-5)
+    assert short.confidences == pytest.approx(full.confidences[:2], abs=1e-5)
     engine.abort(rid)
 
 

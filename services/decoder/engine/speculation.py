@@ -3,8 +3,8 @@
 Every step, each running request that decodes (one pending token) with room left asks the drafter
 for a block; all requests draft in one drafter call. With the adaptive verify budget
 (``spec/verify_budget.py``) the block is cut to the length that maximises expected committed tokens
-per second of step time, from the drafter's per-position confidences (DSpark; mapped to the survival
-rates verification has measured for them, ``ConfidenceCalibration``) or, for a drafter without them,
+per second of step time, from the drafter's per-position confidences (its picks' scores, mapped to
+the survival rates verification has measured for them: ``ConfidenceCalibration``) or, for n-gram,
 the pooled survival per draft position (``DepthSurvival``) scaled by how the request's drafts have
 survived against it (``RequestSurvival``), the step costs profiled at start-up, and, for a SPARSE
 request, the host fetches its larger working set costs. Before that, the adaptive budget asks
@@ -347,8 +347,8 @@ class Speculator:
         (they say per request, after the call, how far each draft survives) the drafter's pooled
         profile times ``RealizedGain.survival_scale``, what recent calls' confidences kept of the
         gate's expectations: gating on a request's own survival, which dips below break-even by
-        chance, skipped steps where drafting paid (c=1: 1.045x vs 1.097x). Without (n-gram,
-        DFlash) the request's own survival is all there is of its text, so it scales the profile,
+        chance, skipped steps where drafting paid (c=1: 1.045x vs 1.097x). Without (n-gram)
+        the request's own survival is all there is of its text, so it scales the profile,
         before the call and after it, and no outcome-based scale is added (it learnt the failures
         the profile and the request already learn: code_edit c=1 gated at 0.15 where 0.34 survived)."""
         if self.drafter.has_confidences:

@@ -1,5 +1,6 @@
 """A drafter's per-position confidences mapped to the survival rates verification measures
-(DSpark's confidence head, calibrated while serving; the verify budget reads the mapped values)."""
+(DSpark's confidence head, DFlash's and DFlash2's softmax probability of each pick; calibrated
+while serving; the verify budget reads the mapped values)."""
 
 from __future__ import annotations
 

@@ -92,16 +92,18 @@ class DraftNet(nn.Module):
         return torch.tanh(logits / cap) * cap if cap else logits
 
     def choose(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head: torch.Tensor,
-               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``hidden: [B, P, H]`` -> draft tokens ``[B, P]`` and, with a confidence head, the
-        per-position survival probabilities ``[B, P]`` (else None). With ``vocab: [N]`` token
+               vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden: [B, P, H]`` -> draft tokens ``[B, P]`` and their confidences ``[B, P]``: the
+        confidence head's survival probabilities, or without one the probability the drafter's
+        own distribution gives each pick (a raw score the serving budget calibrates against
+        measured survival: ``ConfidenceCalibration``). With ``vocab: [N]`` token
         ids, drafts come from those tokens only and ``lm_head`` holds just their rows
         (``[N, H]``): a smaller head matmul per drafted position; verification stays exact."""
         return self.choose_from_logits(hidden, self.base_logits(hidden, lm_head), anchor_ids, vocab)
 
     def choose_from_logits(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
                            vocab: torch.Tensor | None = None, successors: torch.Tensor | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """``choose`` from the base logits ``[B, P, N]`` already computed (by a serving path's own
         head matmul); ``successors``: the Markov head's codebook rows of ``vocab``, when the caller
         keeps them (else gathered here)."""
@@ -114,7 +116,7 @@ class DraftNet(nn.Module):
             tokens = local if vocab is None else vocab[local]
             top_prob = torch.exp(top_logit - torch.logsumexp(logits, dim=-1))
         if self.confidence_head is None:
-            return tokens, None
+            return tokens, top_prob
         return tokens, torch.sigmoid(self.confidence_head.logit(hidden, top_prob))
 
     # ---- training: many anchors of one sequence in one pass ---------------------------------
