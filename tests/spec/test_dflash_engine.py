@@ -30,8 +30,7 @@ def partly_right(engine, truths: dict[str, list[int]], prompt_lens: dict[str, in
             done = len(ask.token_ids) - prompt_lens[ask.request_id]
             right = truths[ask.request_id][done : done + done % 8]
             tokens = (right + draft.tokens[len(right):])[: ask.max_tokens]
-            conf = None if draft.confidences is None else (draft.confidences + [0.5] * 8)[: len(tokens)]
-            out.append(Draft(tokens, conf))
+            out.append(Draft(tokens, (draft.confidences + [0.5] * 8)[: len(tokens)]))
         return out
 
     engine.speculator.drafter.propose_batch = mixed

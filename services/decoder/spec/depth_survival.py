@@ -1,8 +1,8 @@
 """A drafter's survival rate per draft position (depth), pooled over its verified drafts.
 
 The adaptive verify budget needs, for every position it may verify, the probability that the
-position survives given that its prefix did. A drafter with confidences (DSpark) says so per
-position; for one without (n-gram, DFlash) the budget had a single running rate per request,
+position survives given that its prefix did. A drafter with confidences (the block drafters)
+says so per position; for one without (n-gram) the budget had a single running rate per request,
 the same at every depth. A block drafter's later positions are much weaker than its first:
 at concurrency 4 on chat prompts DFlash commits 1.43 tokens per verify step with one draft
 token and 1.53 with two, so position 1 survives 43% of the time and position 2, given

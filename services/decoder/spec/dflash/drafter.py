@@ -51,6 +51,11 @@ def shipped_checkpoint(kind: str) -> Path:
 
 
 class DFlashDrafter(Drafter):
+    # every kind scores its picks: DSpark with its confidence head, DFlash / DFlash2 with the
+    # pick's own softmax probability. On code_edit (DFlash, one-token drafts, 324 verified)
+    # picks below 0.5 survived 15 of 240 times, those above 48 of 84: what the budget, once
+    # calibrated, keeps or cuts after the call, and pools without a request's own grudge
+    has_confidences = True
     OBSERVE_EVERY = 8  # steps whose features are kept whole before ``pending`` takes their rows
     OBSERVE_ROWS = 512  # ... or fewer steps when their features reach this many rows
 
@@ -68,11 +73,6 @@ class DFlashDrafter(Drafter):
         pack_linears(net, gemm_dtype, gemm_plan)  # a block's rows through the planned kernels (served, not trained, here)
         self.cfg = net.cfg
         self.name = net.cfg.kind
-        # every kind scores its picks: DSpark with its confidence head, DFlash / DFlash2 with the
-        # pick's own softmax probability. On code_edit (DFlash, one-token drafts, 324 verified)
-        # picks below 0.5 survived 15 of 240 times, those above 48 of 84: what the budget, once
-        # calibrated, keeps or cuts after the call, and pools without a request's own grudge
-        self.has_confidences = True
         self.embed = embed
         self.vocab = vocab
         self.lm_head = lm_head if vocab is None else lm_head[vocab].contiguous()
