@@ -107,17 +107,17 @@ def test_the_step_table_learns_the_step_without_its_attention():
     profile = BudgetProfile(FLAT, CostTable((1, 16), (0.001, 0.001)), dense_attention_points=((7_680, 7_680, 0.001),))
     speculator = Speculator(_drafter(), spec_tokens=4, query_key_rows=lambda r: ("page_list", 1500))
     speculator.profile = profile
-    assert speculator.attend_s_per_position(request) == 0.0  # page-list not measured yet
+    assert speculator.prices.attend_s_per_position(request) == 0.0  # page-list not measured yet
     speculator.observe_step(4, 0.040, AttentionWork(page_list_s=0.030, page_list_rows=15_000))
     assert speculator.step_costs.ratio_at(4) == pytest.approx(1.0)
-    assert speculator.attend_s_per_position(request) == pytest.approx(0.003)
-    assert speculator.attend_s([(request, 10)]) == pytest.approx(0.030)
+    assert speculator.prices.attend_s_per_position(request) == pytest.approx(0.003)
+    assert speculator.prices.attend_s([(request, 10)]) == pytest.approx(0.030)
     without = Speculator(_drafter(), spec_tokens=4)  # no key-row counts: the table holds attention
     without.profile = profile
     without.observe_step(4, 0.040, AttentionWork(page_list_s=0.030, page_list_rows=15_000))
     # 4x the table, moved as far as one measurement may (MAX_JUMP)
     assert without.step_costs.ratio_at(4) == pytest.approx(CalibratedCosts.MAX_JUMP)
-    assert without.attend_s_per_position(request) == 0.0
+    assert without.prices.attend_s_per_position(request) == 0.0
 
 
 @pytest.mark.parametrize("attention", ["dense", "sparse"])

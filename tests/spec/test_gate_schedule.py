@@ -76,11 +76,13 @@ def test_after_a_run_of_skipped_steps_the_gate_asks_every_few_steps_and_at_once_
     trials = speculator.depth.trials[0]
     speculator.propose([request])  # a resting step: skipped all the same
     assert len(plans) == speculator.schedule.REST_AFTER + 4 and speculator.schedule.num_skipped_steps == steps + 1
-    assert speculator.depth.trials[0] == pytest.approx(trials * (1 - speculator.COST_RELAX))
+    assert speculator.depth.trials[0] == trials  # the estimates relax when the gate next asks
     other = _decoding_request()
     other.request_id = "r2"
     speculator.propose([request, other])  # two candidates where the gate last saw one: it asks
     assert len(plans) == speculator.schedule.REST_AFTER + 5
+    # relaxed before it priced, once for each step skipped since the last ask (that ask's and the rest's)
+    assert speculator.depth.trials[0] == pytest.approx(trials * (1 - speculator.COST_RELAX) ** 2)
     schedule = speculator.schedule
     asked = len(plans)
     for _ in range(schedule.REST_LONG_AFTER + 3 * schedule.REST_LONG_EVERY - schedule.skipped_streak):
@@ -103,7 +105,9 @@ def test_the_first_draft_after_a_run_of_skipped_steps_verifies_one_token_per_req
         speculator.propose([request])
     assert drafter.calls == 0 and speculator.schedule.skipped_streak == speculator.schedule.REST_AFTER
     speculator.depth = DepthSurvival(0.9, 4)  # the text changed: drafts of 4 would pay now
-    measured_at_prior(speculator.depth)  # measured, not the prior alone (``unmeasured``)
+    # measured, not the prior alone (``unmeasured``), and still so after the skipped steps relax it at the ask
+    measured_at_prior(speculator.depth)
+    measured_at_prior(speculator.depth)
     speculator.propose([request])
     assert drafter.calls == 1 and request.draft_ids == [7]
     speculator.observe_step(2, 0.010, decoded=(1, 2))
@@ -165,7 +169,7 @@ def test_plain_steps_are_kept_per_request_count_and_the_gate_prices_its_base_at_
     base_s = schedule.plain_s(1, costs.seconds_at(1))
     assert base_s == pytest.approx(0.0042)  # below what the (corrected) table prices the step at
     for survival in (0.99, 0.1):
-        plan = speculator._plan([request], [request], [[survival]])
+        plan = speculator._plan([request], [request], [[survival]])  # (decoding, drafting, survivals)
         assert plan.base_rate == pytest.approx(1 / base_s)
         n = plan.lengths[0]
         assert plan.seconds == pytest.approx(base_s + costs.seconds_at(1 + n) - costs.seconds_at(1))
@@ -216,6 +220,8 @@ def test_beside_prefill_chunks_a_draft_costs_a_token_at_the_steps_size_against_p
     prefilling = _decoding_request()
     prefilling.num_computed_tokens = 0
     speculator._prefill_tokens = 0
-    plan = speculator._plan([request, prefilling], [request], [[0.5]])
+    speculator.propose([request, prefilling])
+    assert speculator._decoding == [request]
+    plan = speculator._plan([request], [request], [[0.5]])
     assert plan.base_rate == pytest.approx(100.0) and plan.lengths == [1]
     assert plan.expected_committed == pytest.approx(1.5)

@@ -75,9 +75,11 @@ def test_a_step_the_gate_skipped_is_held_to_the_base_it_priced():
     assert speculator.realized.num_plain_steps == 1
 
 
-def test_a_step_the_gate_rests_on_is_held_to_the_base_as_priced_then():
+def test_a_step_the_gate_rests_on_is_held_to_the_base_as_priced_at_its_last_ask():
     """While the gate rests (``GateSchedule.rests``: it asks only every few skipped steps) the
-    plain steps between its asks report too, each against the base as priced that step. Observed
+    plain steps between its asks report too, each against the base as the gate last priced it,
+    and they are measured when it next asks (pricing the base afresh and measuring every rested
+    step as it ran were most of what a never-drafting gate cost). Observed
     only where the gate asked, the plain figure held a stale base's for ~40 steps of rest after a
     drafting streak had priced the base high (c=4, DSpark: plain steps took 0.87 of it), and the
     bar it raised kept the gate off ~100 steps where drafting paid 1.12x of the plain steps."""
@@ -91,11 +93,18 @@ def test_a_step_the_gate_rests_on_is_held_to_the_base_as_priced_then():
     speculator._worth_the_drafter = lambda *a: (asks.__setitem__(0, asks[0] + 1), worth(*a))[1]
     speculator.realized.observe_plain = lambda p, s: (reported.append(p), observe_plain(p, s))[1]
     steps = GateSchedule.REST_AFTER + 4 * GateSchedule.REST_EVERY
+    held_to = []  # the base each step is held to
     for _ in range(steps):
+        asked = asks[0]
         speculator.propose([request])
-        base_s = speculator._base_s([request])  # the base as priced this step
+        if asks[0] > asked:
+            base_s = speculator._base_s([request])  # the base as priced at the ask
+            assert len(reported) == len(held_to)  # the steps before are measured now
+        held_to.append(base_s)
         speculator.observe_step(1, 0.012, decoded=(1, 1))  # 12 ms where the table priced 10
-        assert reported[-1] == pytest.approx(base_s)
-    assert speculator.schedule.num_skipped_steps == steps and asks[0] == GateSchedule.REST_AFTER + 4
-    assert len(reported) == speculator.realized.num_plain_steps == steps
+    rested = GateSchedule.REST_EVERY - 1  # the last ask's steps, measured at the next one
+    assert len(reported) == speculator.realized.num_plain_steps == steps - rested
+    speculator.propose([request])
+    assert asks[0] == GateSchedule.REST_AFTER + 5 and speculator.schedule.num_skipped_steps == steps + 1
+    assert reported == pytest.approx(held_to)
     assert reported[-1] > reported[0] == pytest.approx(0.010)  # the base followed the measured steps

@@ -219,12 +219,14 @@ def test_the_drafter_is_asked_for_the_predicted_length_plus_headroom_after_its_c
     assert calls == [("prepare", ["r"]), ("propose", [1])]
     assert request.draft_ids == [7]  # the rate-based cut after drafting: the predicted length
     # a drafter measured at 1 s per call (capped at 2x its profiled cost per measurement) is skipped,
-    # and each skipped step relaxes its correction towards the profile
+    # and each skipped step relaxes its correction towards the profile (when the gate next asks)
     speculator.profile = BudgetProfile(steps, CostTable((1, 16), (0.5, 0.5)))
     speculator.draft_costs.observe(1, 1.0)
     calls.clear()
     speculator.propose([request])
     assert calls == [] and speculator.schedule.num_skipped_steps == 1
+    speculator.propose([request])
+    assert calls == [] and speculator.schedule.num_skipped_steps == 2
     speed = 2.0**CalibratedCosts.SPEED_WEIGHT  # 2x: the speed's share and the shape's (2 / speed)
     relax = speculator.COST_RELAX
     # the shape relaxes; the speed is the machine's, shared with the step table that keeps measuring it

@@ -3,30 +3,25 @@
 Every step, each running request that decodes (one pending token) with room left asks the drafter
 for a block; all requests draft in one drafter call. With the adaptive verify budget
 (``spec/verify_budget.py``) the block is cut to the length that maximises expected committed tokens
-per second of step time, from the drafter's per-position confidences (its picks' scores, mapped to
-the survival rates verification has measured for them: ``ConfidenceCalibration``) or, for n-gram,
-the pooled survival per draft position (``DepthSurvival``) scaled by how the request's drafts have
-survived against it (``RequestSurvival``), the step costs profiled at start-up, and, for a SPARSE
-request, the host fetches its larger working set costs. Before that, the adaptive budget asks
-whether drafting can pay for the drafter's own forward at all: with each request's predicted
-survival, the profiled step costs and the profiled drafter cost, the requests for which no draft
-would pay are left out, and when none is left the drafter does not run (those requests' evidence
-ages towards the pooled profile, the profile's towards its long-run rates and those, slower,
-towards the drafter's prior, and the drafter's measured cost towards its profile, so they probe
-again later; while it keeps skipping it asks only every few steps, and plain and control steps
-measure the base it prices: ``spec/gate_schedule.py``).
-The gate holds itself to its prices: every drafting step reports the seconds it took (proposal and
-target pass) against what the gate priced it at, and a shortfall raises the gain a draft must
-promise (``RealizedGain``). A request that drafts is asked for its predicted length only (+
-``LENGTH_HEADROOM`` with confidences, where a longer draft could pay): a block drafter then scores
-only those positions, which on a 2-core CPU lets 1-2 token drafts pay at c=1.
+per second of step time, from the drafter's per-position confidences (mapped to the survival
+verification measured for them: ``ConfidenceCalibration``) or, for n-gram, the pooled survival per
+draft position (``DepthSurvival``) scaled by the request's own (``RequestSurvival``), and the
+step's price (``spec/step_prices.py``: step table, attention per key row, SPARSE host fetches).
+Before the call, the gate asks whether drafting can pay for the drafter's forward at all; the
+requests for which no draft would pay are left out, and with none left the drafter does not run
+(the estimates that kept it off relax, so it probes again later; while it keeps skipping it asks
+only every few steps, and plain and control steps measure the base it prices:
+``spec/gate_schedule.py``). Every drafting step reports its seconds (proposal and target pass)
+against the gate's price, and a shortfall raises the gain a draft must promise (``RealizedGain``).
+A request that drafts is asked for its predicted length only (+ ``LENGTH_HEADROOM`` with
+confidences): a block drafter then scores only those positions, which on a 2-core CPU lets 1-2
+token drafts pay at c=1.
 
-The pooled profile (``Speculator.depth``) counts every verified draft of every request. It starts
-from the drafter's ``prior_acceptance`` (a trained drafter's measured held-out acceptance) and a new
-request starts at the profile (scale 1): a drafter known to accept little is not probed at a
-guessed 0.7 by every request. Both cost tables start from the profile and are corrected by the step
-and drafter times measured (``CalibratedCosts``). After the step, a drafter that conditions on the
-target gets the committed positions' features (never rejected rows).
+The pooled profile (``Speculator.depth``) counts every verified draft of every request, from the
+drafter's ``prior_acceptance`` (its measured held-out acceptance): a drafter known to accept
+little is not probed at a guessed 0.7 by every request. Both cost tables start from the start-up
+profile and are corrected by the step and drafter times measured (``CalibratedCosts``). After
+the step, a drafter that conditions on the target gets the committed positions' features.
 """
 
 from __future__ import annotations
@@ -37,15 +32,15 @@ from collections.abc import Callable
 
 import torch
 
-from services.decoder.engine.request import Request, Residency
+from services.decoder.engine.request import Request
 from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.model.attention import AttentionWork
-from services.decoder.spec.attention_costs import PATHS, AttentionCosts
 from services.decoder.spec.confidence_calibration import ConfidenceCalibration
 from services.decoder.spec.depth_survival import DepthSurvival, RequestSurvival
 from services.decoder.spec.drafter import Drafter, DraftRequest
 from services.decoder.spec.gate_schedule import GateSchedule
 from services.decoder.spec.realized_gain import RealizedGain
+from services.decoder.spec.step_prices import StepPrices
 from services.decoder.spec.verify_budget import (BudgetProfile, CalibratedCosts, DraftPlan, MachineSpeed,
                                                   choose_draft_plan, expected_committed)
 
@@ -83,6 +78,9 @@ class Speculator:
         self._control: int | None = None  # requests of the coming control step (no drafts, measured)
         self._plain: tuple[int, float] | None = None  # (requests, base seconds) of a step the gate skipped or rested
         self._prefill_tokens = 0  # the coming step's prefill-chunk tokens beside its decodes
+        self._decoding: list[Request] = []  # the coming step's requests that decode (``_propose``)
+        self._step_base_s: float | None = None  # the coming step's base, once priced (``_base_s``)
+        self._resting = False  # the gate sits the coming step out (``_rest``)
 
     def reset_estimates(self) -> None:
         """Back to what serving has not measured yet: the pooled survival at the drafter's prior,
@@ -104,13 +102,11 @@ class Speculator:
         """The adaptive budget's start-up profile; serving corrects its tables as it measures."""
         self._profile = profile
         speed = MachineSpeed()  # the machine's, for the target and the drafter alike
-        self.step_costs = None if profile is None else CalibratedCosts(profile.step_costs, speed)
+        self.prices = None if profile is None else StepPrices(profile, speed, self.query_key_rows)
+        self.step_costs = None if profile is None else self.prices.step_costs
+        self.attention_costs = None if profile is None else self.prices.attention_costs
         self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs, speed)
         self.realized = RealizedGain()  # promises of the new tables
-        self.attention_costs = None
-        if profile is not None and self.query_key_rows is not None and (
-                profile.dense_attention_points or profile.page_list_attention_points):
-            self.attention_costs = AttentionCosts(profile.dense_attention_points, profile.page_list_attention_points)
 
     @property
     def promise(self) -> DraftPlan | None:
@@ -123,54 +119,41 @@ class Speculator:
         ``attention`` (decode / verify attention, host fetches included) is priced per key row
         and the rest by the step table. ``decoded``: (requests, tokens committed) of a step in
         which every request decoded (no prefill chunk); a step whose drafter ran reports it
-        against the gate's promise (``RealizedGain``)."""
+        against the gate's promise (``RealizedGain``). A step the gate sat out (``_rest``) is
+        measured at its next ask, in order (``_catch_up``): nothing reads the estimates between,
+        and one pass over a few steps' measurements costs what one step's did after the forward
+        (every operation there runs cold: ~75 us for ~10 us of work at c=16)."""
         if self.step_costs is None:
             return
         promise, self._promise = self._promise, None
         control, self._control = self._control, None
         plain, self._plain = self._plain, None
+        if self._resting:
+            self.schedule.unmeasured.append((num_tokens, seconds, attention, decoded, plain))
+            return
+        self._catch_up()
         if promise is not None:
             self.schedule.measured_drafting_step(self.step_costs.table.padded(num_tokens))
-        if promise is not None and decoded is not None and decoded[0] == promise[0]:
-            backlog_s = RealizedGain.steady_backlog_s(*self._backlog, promise[1].expected_committed)
-            self.realized.observe(self._promised_s, seconds + self._propose_s + backlog_s, backlog_s)
-        if promise is None and decoded is not None and num_tokens == decoded[0]:
+            if decoded is not None and decoded[0] == promise[0]:
+                backlog_s = RealizedGain.steady_backlog_s(*self._backlog, promise[1].expected_committed)
+                self.realized.observe(self._promised_s, seconds + self._propose_s + backlog_s, backlog_s)
+        self._measure(num_tokens, seconds, attention, decoded, plain, control, promise is not None)
+
+    def _measure(self, num_tokens: int, seconds: float, attention: AttentionWork | None,
+                 decoded: tuple[int, int] | None, plain: tuple[int, float] | None, control: int | None,
+                 drafted: bool = False) -> None:
+        """A step's target pass into the cost tables and, for a plain step (no drafts, every
+        request decoding), the measured base and the plain step's report against its price."""
+        if not drafted and decoded is not None and num_tokens == decoded[0]:
             self.schedule.measured_plain_step(num_tokens, seconds)  # the base the gate prices
             if plain is not None and plain[0] == num_tokens:
                 self.realized.observe_plain(plain[1], seconds)  # held to the base it was priced at
-        if self.attention_costs is not None and attention is not None:
-            self.attention_costs.observe(attention)
-            seconds -= attention.seconds
         is_control = control is not None and decoded is not None and decoded[0] == control
-        self.step_costs.observe(num_tokens, seconds, self.schedule.CONTROL_WEIGHT if is_control else None)
-
-    def attend_s_per_position(self, request: Request) -> float:
-        """The attention of one more query token of ``request`` next step (0 when the table holds it)."""
-        if self.attention_costs is None:
-            return 0.0
-        return self.attention_costs.position_s(*self.query_key_rows(request))
-
-    def attend_s(self, tokens: list[tuple[Request, int]]) -> float:
-        """A step's decode / verify attention: ``tokens`` = (request, its query tokens); each path
-        that runs costs its fixed part once (0 when the table holds attention)."""
-        if self.attention_costs is None:
-            return 0.0
-        rows, context_rows = dict.fromkeys(PATHS, 0), dict.fromkeys(PATHS, 0)
-        for request, num_tokens in tokens:
-            path, per_token = self.query_key_rows(request)
-            rows[path] += num_tokens * per_token
-            context_rows[path] += per_token
-        return sum(self.attention_costs.seconds(path, rows[path], context_rows[path]) for path in PATHS)
+        self.prices.observe(num_tokens, seconds, attention, self.schedule.CONTROL_WEIGHT if is_control else None)
 
     def priced_step_s(self, batch: list[ScheduledRequest]) -> float | None:
-        """What the budget prices ``batch``'s target pass at (table + decode / verify attention and
-        host fetches; prefill chunks' attention is in the table); None without a profile."""
-        if self.step_costs is None:
-            return None
-        tokens = sum(s.num_query_tokens for s in batch)
-        decoding = [(s.request, s.num_query_tokens) for s in batch if s.num_new_tokens == 1]
-        return (self.step_costs.seconds_at(tokens) + self.attend_s(decoding)
-                + sum(n * self.fetch_s_per_position(r) for r, n in decoding))
+        """What the budget prices ``batch``'s target pass at (``StepPrices``); None without a profile."""
+        return None if self.prices is None else self.prices.batch_s(batch)
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """A verified draft: updates the request's survival against the pooled profile, the
@@ -201,25 +184,30 @@ class Speculator:
         self._propose_s = time.perf_counter() - start - self._backlog[0]
 
     def _propose(self, running: list[Request]) -> None:
-        drafting: list[Request] = []
+        drafting: list[Request] = []  # the candidates: decoding, with room for a draft
         max_tokens: list[int] = []
         self.plan = None
-        self._promise = self._control = self._plain = None
+        self._promise = self._control = self._plain = self._step_base_s = None
+        self._resting, self._decoding = False, []  # one pass over the batch: the gate reads it often
         for request in running:
-            room = request.max_total_len - request.num_tokens - 1  # the bonus token must fit too
-            if request.num_pending_tokens == 1 and room > 0:
-                drafting.append(request)
-                max_tokens.append(min(self.spec_tokens, room))
+            num_tokens = request.num_tokens
+            if num_tokens - request.num_computed_tokens == 1:
+                self._decoding.append(request)
+                room = request.max_total_len - num_tokens - 1  # the bonus token must fit too
+                if room > 0:
+                    drafting.append(request)
+                    max_tokens.append(min(self.spec_tokens, room))
         if (self.profile is not None and drafting and not self._prefill_tokens
-                and all(r.num_pending_tokens == 1 for r in running)
+                and len(self._decoding) == len(running)
                 and self.schedule.control_due(self.step_costs.table.padded(len(running)))):
             self._control = len(running)  # this step measures the base the gate compares against
             drafting = []
         if self.profile is not None and drafting:
             if self.schedule.rests(len(drafting)):
-                self._skip(drafting, len(running), self._base_s(running))
+                self._rest(drafting, len(running))
                 drafting = []
             else:
+                self._catch_up()
                 probe = self.schedule.probe_lengths(max_tokens, self.depth.unmeasured())
                 drafting, max_tokens, promise = self._worth_the_drafter(running, drafting, max_tokens, probe)
             if drafting:
@@ -248,7 +236,7 @@ class Speculator:
         if self.profile is not None:
             survivals = [self.calibration(d.confidences) if d.confidences else self._gate_survival(r, len(d.tokens))
                          for r, d in zip(drafting, drafts)]
-            plan = self._plan(running, drafting, survivals)
+            plan = self._plan(self._decoding, drafting, survivals)
             # the step is held to what it runs: a draft the confidences cut or lengthened is
             # priced as such (a lengthened one read as the gate's shortfall: at c=1 a 3-row step
             # costs 27% more than a 2-row one, and one such step put the gate off for ~10 steps)
@@ -263,9 +251,8 @@ class Speculator:
                 unscaled = sum(expected_committed(self.depth.rates(n)) - 1 for n in self._promise[1].lengths if n)
                 kept = sum(expected_committed(s[:n]) - 1 for s, n in zip(survivals, lengths) if n)
                 self.realized.observe_tokens(unscaled, kept)
+            self._age([r for r, d, n in zip(drafting, drafts, lengths) if d.tokens and n == 0])
             for request, draft, length, survival in zip(drafting, drafts, lengths, survivals):
-                if draft.tokens and length == 0:
-                    self.survival(request).idle()
                 if draft.confidences and length < len(draft.tokens):
                     # the positions cut by their confidences count in the pooled profile at them
                     # (``DepthSurvival.impute``): now for a draft cut whole, after verification
@@ -295,7 +282,7 @@ class Speculator:
         per_position_s = self.profile.draft_s_per_position(len(drafting))
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         for max_tokens in dict.fromkeys((tuple(probe), tuple(max_tokens))):  # probe's, then all
-            plan = self._plan(running, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
+            plan = self._plan(self._decoding, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
                               draft_s, self.realized.required_gain(self.MIN_GAIN), per_position_s, headroom * per_position_s)
             if any(plan.lengths):
                 break
@@ -303,13 +290,12 @@ class Speculator:
         keep = [i for i, length in enumerate(predicted) if length > 0]
         if not keep:
             self._skip(drafting, len(running), plan.seconds)  # the base: the empty plan's seconds
+            self.schedule.asked_base = (len(self._decoding), plan.seconds)
         else:
-            for request, length in zip(drafting, predicted):
-                if length == 0:
-                    self.survival(request).idle()
+            self._age([r for r, length in zip(drafting, predicted) if length == 0])
         if headroom and keep:
             # one more verified token: the step's next row + asking the drafter for it, at the plan's rate
-            tokens = sum(1 for r in running if r.num_pending_tokens == 1) + self._prefill_tokens + sum(predicted)
+            tokens = len(self._decoding) + self._prefill_tokens + sum(predicted)
             step_s = max(self.step_costs.seconds_at(tokens + 1) - self.step_costs.seconds_at(tokens), 0.0)
             rate = plan.expected_committed / plan.seconds
             headrooms = [headroom if self._could_lengthen(drafting[i], predicted[i], rate, step_s + per_position_s)
@@ -327,61 +313,81 @@ class Speculator:
         more than its second, and on code the second position survived 0 of 12 times at the highest
         confidences: the headroom cost 0.45 ms of every 33 ms step, two-token drafts lost to one-token ones."""
         alive = math.prod(self.calibration.best(depth) for depth in range(length + 1))
-        return alive > rate * (position_s + self.fetch_s_per_position(request) + self.attend_s_per_position(request))
+        return alive > rate * (position_s + self.prices.fetch_s_per_position(request)
+                               + self.prices.attend_s_per_position(request))
 
     def _skip(self, candidates: list[Request], num_running: int, base_s: float) -> None:
         """A step where no draft could pay for the drafter (asked or resting): the candidates'
         evidence ages, and the drafter's cost correction, the realized shortfall and survival
-        scale, and the pooled profile relax; its plain step is held to ``base_s``, the base as
-        priced now (``RealizedGain.observe_plain``)."""
+        scale, and the pooled profile relax (at the gate's next ask: ``_catch_up``); its plain step
+        is held to ``base_s`` (``RealizedGain.observe_plain``)."""
         self._plain = (num_running, base_s)
-        for request in candidates:
-            self.survival(request).idle()
+        self._age(candidates)
         self.schedule.skipped()
-        self.draft_costs.relax(self.COST_RELAX)
-        self.realized.relax(self.COST_RELAX)
-        self.depth.relax(self.COST_RELAX)
+
+    def _rest(self, candidates: list[Request], num_running: int) -> None:
+        """A skipped step the gate sits out (``GateSchedule.rests``), held to the base it priced at
+        its last ask (as many requests decoding) and measured at its next: a gate that never
+        drafts must cost next to nothing (pricing the base took ~35 us of a c=16 step, cold)."""
+        self._resting = True
+        num_decoding, base_s = self.schedule.asked_base
+        self._skip(candidates, num_running, base_s if num_decoding == len(self._decoding) else self._base_s(self._decoding))
+
+    def _catch_up(self) -> None:
+        """Measures the steps the gate sat out (``observe_step``) and relaxes the estimates once
+        for the skipped steps since it last asked, as that many ``relax(COST_RELAX)`` calls would
+        have (only the gate reads them in between)."""
+        unmeasured, self.schedule.unmeasured = self.schedule.unmeasured, []
+        for measurement in unmeasured:
+            self._measure(*measurement, control=None)
+        skips, self.schedule.unrelaxed = self.schedule.unrelaxed, 0
+        if skips:
+            rate = 1.0 - (1.0 - self.COST_RELAX) ** skips  # moves towards a fixed target compound so
+            self.draft_costs.relax(rate)
+            self.realized.relax(rate)
+            self.depth.relax(self.COST_RELAX, skips)
+
+    def _age(self, requests: list[Request]) -> None:
+        """Ages the evidence of ``requests``' own survival (a step that verifies none of their
+        draft); it scales only the drafts of a drafter without confidences (``_gate_survival``)."""
+        if not self.drafter.has_confidences:
+            for request in requests:
+                self.survival(request).idle()
 
     def _gate_survival(self, request: Request, num_positions: int) -> list[float]:
         """The per-position survival the gate predicts a request's draft at. With confidences
-        (they say per request, after the call, how far each draft survives) the drafter's pooled
-        profile times ``RealizedGain.survival_scale``, what recent calls' confidences kept of the
-        gate's expectations: gating on a request's own survival, which dips below break-even by
-        chance, skipped steps where drafting paid (c=1: 1.045x vs 1.097x). Without (n-gram)
-        the request's own survival is all there is of its text, so it scales the profile,
-        before the call and after it, and no outcome-based scale is added (it learnt the failures
-        the profile and the request already learn: code_edit c=1 gated at 0.15 where 0.34 survived)."""
+        (after the call they say how far each draft survives) the pooled profile times
+        ``RealizedGain.survival_scale``: a request's own survival dips below break-even by chance
+        and skipped steps where drafting paid (c=1: 1.045x vs 1.097x). Without (n-gram) the
+        request's own survival scales the profile, and no outcome-based scale is added (it learnt
+        what the profile and the request already learn: code_edit c=1 gated at 0.15 where 0.34 survived)."""
         if self.drafter.has_confidences:
             return self.depth.rates(num_positions, self.realized.survival_scale)
         return self.depth.rates(num_positions, self.survival(request).scale)
 
-    def _base_s(self, running: list[Request]) -> float:
-        """The gate's base: the seconds of the decodes' plain step (priced, or measured:
-        ``GateSchedule.plain_s``)."""
-        decoding = [r for r in running if r.num_pending_tokens == 1]
-        priced_s = (self.step_costs.seconds_at(len(decoding)) + self.attend_s([(r, 1) for r in decoding])
-                    + sum(self.fetch_s_per_position(r) for r in decoding))
+    def _base_s(self, decoding: list[Request]) -> float:
+        """The gate's base: the seconds of the plain step of ``decoding`` (the requests that
+        decode; priced, or measured: ``GateSchedule.plain_s``). The coming step's is priced once."""
+        if decoding is self._decoding and self._step_base_s is not None:
+            return self._step_base_s
+        priced_s = self.prices.decodes_s([(r, 1) for r in decoding])
         measured_s = self.schedule.plain_s(len(decoding), priced_s)
-        return priced_s if measured_s is None else measured_s
+        base_s = priced_s if measured_s is None else measured_s
+        if decoding is self._decoding:
+            self._step_base_s = base_s
+        return base_s
 
-    def _plan(self, running, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
+    def _plan(self, decoding, drafting, confidences, draft_s: float = 0.0, min_gain: float = 0.0,
               draft_s_per_position: float = 0.0, draft_s_per_request: float = 0.0) -> DraftPlan:
         # beside prefill chunks a drafted position costs one more token at the whole step's size
         # (in a full step it displaces a chunk token), and the chunks commit nothing of the decodes'
-        decoding = sum(1 for r in running if r.num_pending_tokens == 1)
-        return choose_draft_plan(confidences, committed_base=decoding, tokens_base=decoding + self._prefill_tokens,
+        return choose_draft_plan(confidences, committed_base=len(decoding),
+                                 tokens_base=len(decoding) + self._prefill_tokens,
                                  costs=self.step_costs, draft_s=draft_s, min_gain=min_gain,
                                  draft_s_per_position=draft_s_per_position, draft_s_per_request=draft_s_per_request,
-                                 fetch_s_per_position=[self.fetch_s_per_position(r) for r in drafting],
-                                 attend_s_per_position=[self.attend_s_per_position(r) for r in drafting],
-                                 base_s=self._base_s(running))
-
-    def fetch_s_per_position(self, request: Request) -> float:
-        """A SPARSE request's extra verified position fetches its measured misses per query token."""
-        if request.mode is not Residency.SPARSE:
-            return 0.0
-        misses_per_token = request.stats.num_buffer_misses / max(len(request.output_ids), 1)
-        return misses_per_token * self.profile.fetch_s_per_page_layer
+                                 fetch_s_per_position=[self.prices.fetch_s_per_position(r) for r in drafting],
+                                 attend_s_per_position=[self.prices.attend_s_per_position(r) for r in drafting],
+                                 base_s=self._base_s(decoding))
 
     def observe(self, committed: list[tuple[Request, int]], features: torch.Tensor | None,
                 first_row: dict[str, int]) -> None:

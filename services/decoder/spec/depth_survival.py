@@ -107,17 +107,23 @@ class DepthSurvival:
         profile is mostly a guess."""
         return self.trials[0] + self.long_trials[0] < self.PRIOR_TRIALS
 
-    def relax(self, rate: float) -> None:
+    def relax(self, rate: float, times: int = 1) -> None:
         """Moves ``rate`` of every depth's counts to its long-run pool, and fades the pool by
         ``rate * LONG_RELAX_SHARE`` (a step where no draft could pay for the drafter): the
         estimates move towards the long-run rates, and those towards the prior, so a profile
-        made low by text no longer current lets the drafter be tried again after a while."""
-        keep = 1 - rate * self.LONG_RELAX_SHARE
+        made low by text no longer current lets the drafter be tried again after a while.
+        ``times``: that many such steps at once (the pool capped after the last)."""
+        if times < 1:
+            raise ValueError(f"times must be >= 1, not {times}")
+        drop, keep = 1 - rate, 1 - rate * self.LONG_RELAX_SHARE
+        # pool_n = keep^n pool + rate counts sum_{i<n} drop^i keep^(n-i) (the counts fade by drop a step)
+        counts_share = rate * keep * (keep**times - drop**times) / (keep - drop) if keep != drop else (
+            rate * times * keep**times)
         for depth in range(len(self.trials)):
-            self.long_trials[depth] = (self.long_trials[depth] + rate * self.trials[depth]) * keep
-            self.long_survived[depth] = (self.long_survived[depth] + rate * self.survived[depth]) * keep
-            self.trials[depth] *= 1 - rate
-            self.survived[depth] *= 1 - rate
+            self.long_trials[depth] = keep**times * self.long_trials[depth] + counts_share * self.trials[depth]
+            self.long_survived[depth] = keep**times * self.long_survived[depth] + counts_share * self.survived[depth]
+            self.trials[depth] *= drop**times
+            self.survived[depth] *= drop**times
             self._cap(self.long_trials, self.long_survived, depth)
 
     def rates(self, num_positions: int, scale: float = 1.0) -> list[float]:

@@ -83,6 +83,11 @@ class GateSchedule:
         self._streak_sizes: set[int] = set()  # padded batch tokens the streak's drafting steps ran at
         self._asked_candidates = 0  # candidates when the gate last asked
         self._plain_s: dict[int, float] = {}  # requests -> measured seconds of a plain step
+        # what the steps it skips owe until it next asks (``Speculator._catch_up``): their
+        # relaxing, the measurements of the steps it sat out (in order), and the base it priced
+        self.unrelaxed = 0
+        self.unmeasured: list[tuple] = []
+        self.asked_base = (-1, 0.0)  # (decoding requests, seconds) when it last asked and skipped
 
     def measured_plain_step(self, num_requests: int, seconds: float) -> None:
         """A step in which ``num_requests`` requests decoded one token each, no drafts, took ``seconds``."""
@@ -131,6 +136,7 @@ class GateSchedule:
         """The coming step has candidates, and no draft could pay for the drafter."""
         self.num_skipped_steps += 1
         self.skipped_streak += 1
+        self.unrelaxed += 1
 
     def proposed(self, drafting: bool) -> None:
         """The coming step's proposal is made: the drafter ran (``drafting``) or not."""

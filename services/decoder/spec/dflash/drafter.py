@@ -135,24 +135,18 @@ class DFlashDrafter(Drafter):
             self._store()
 
     def _store(self) -> None:
-        """Hands the kept steps' committed rows to ``pending`` (one copy for all of them)."""
+        """Hands the kept steps' committed rows to ``pending`` (one copy per step: a decode
+        step's features go in whole, where gathering the steps into one tensor first read and
+        wrote every row twice more)."""
         steps, self._unstored, self._unstored_rows = self._unstored, [], 0
-        if not steps:
-            return
-        if len(steps) == 1:
-            features, items = steps[0]
-        else:
-            features, items, base = torch.cat([f for f, _ in steps]), [], 0
-            for step_features, step_items in steps:
-                items.extend((request_id, start, base + row, n) for request_id, start, row, n in step_items)
-                base += len(step_features)
-        for request_id, *_ in items:
-            if request_id not in self.contexts:
-                self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
-        for request_id, start, replaced in self.pending.add_step(features, [item for item in items if item[3]]):
-            context = self.contexts[request_id]
-            if replaced or start != context.end:
-                context.end = -1  # a jump (recompute, resume): the ring is rebuilt at the flush
+        for features, items in steps:
+            for request_id, *_ in items:
+                if request_id not in self.contexts:
+                    self.contexts[request_id] = DraftContext(self.cfg, self.dtype)
+            for request_id, start, replaced in self.pending.add_step(features, [item for item in items if item[3]]):
+                context = self.contexts[request_id]
+                if replaced or start != context.end:
+                    context.end = -1  # a jump (recompute, resume): the ring is rebuilt at the flush
 
     def context(self, request_id: str) -> DraftContext:
         """The request's ring with every observed position in it (flushes what is pending)."""
