@@ -134,6 +134,25 @@ def test_relaxing_moves_the_profile_to_its_long_run_rate_and_that_back_to_the_pr
     assert profile.rates(1)[0] == pytest.approx(0.5, abs=1e-3)
 
 
+def test_relaxing_n_steps_at_once_equals_n_relaxing_steps():
+    """The gate relaxes the skipped steps since its last ask at once (``Speculator._catch_up``):
+    the closed form must be what that many steps would have left, counts and long-run pool alike."""
+    stepped, at_once = DepthSurvival(0.5, 3), DepthSurvival(0.5, 3)
+    for profile in (stepped, at_once):
+        for accepted in (0, 1, 3, 2, 0, 1):
+            profile.observe(3, accepted)
+        profile.relax(0.02)  # a pool to fade as well
+    for _ in range(13):
+        stepped.relax(0.02)
+    at_once.relax(0.02, 13)
+    for got, want in ((at_once.trials, stepped.trials), (at_once.survived, stepped.survived),
+                      (at_once.long_trials, stepped.long_trials), (at_once.long_survived, stepped.long_survived)):
+        assert got == pytest.approx(want, rel=1e-12)
+    assert at_once.rates(3) == pytest.approx(stepped.rates(3), rel=1e-12)
+    with pytest.raises(ValueError, match="times"):
+        at_once.relax(0.02, 0)
+
+
 def test_a_request_scale_is_observed_over_expected_survivals_shrunk_towards_one():
     """The Gamma-Poisson estimate: ``(observed + PRIOR) / (expected + PRIOR)``, evidence decayed by
     ``MEMORY`` per verify step; a run of rejections on a drafter whose steps are independent moves

@@ -1,12 +1,14 @@
 """``PendingFeatures``: the DFlash drafter's observed, not yet projected features, rows of one
 shared buffer. Checked against a per-request list of the positions' features."""
 
+import pytest
 import torch
 
 from services.decoder.spec.dflash.pending_features import PendingFeatures
 
 
-def test_each_request_gets_back_the_last_window_rows_it_observed_and_no_row_leaks():
+@pytest.mark.parametrize("rejected", [2, 0])  # 0: most steps commit every row (copied whole)
+def test_each_request_gets_back_the_last_window_rows_it_observed_and_no_row_leaks(rejected):
     window = 6
     store = PendingFeatures(window)
     store.INITIAL_ROWS = 4  # the buffer grows several times
@@ -23,7 +25,7 @@ def test_each_request_gets_back_the_last_window_rows_it_observed_and_no_row_leak
             if n:
                 items.append((request_id, start, row, n))
                 row += n
-        features = torch.randn(row + 2, 5)  # two rows no request committed (rejected drafts)
+        features = torch.randn(row + rejected, 5)  # rows no request committed (rejected drafts)
         store.add_step(features, items)
         for request_id, start, first_row, n in items:
             first, rows = reference.get(request_id, (start, []))
