@@ -62,7 +62,8 @@ class StepTrace:
         def traced_execute(batch):
             tokens = sum(s.num_query_tokens for s in batch)
             plain = [ScheduledRequest(s.request, s.num_new_tokens) for s in batch]  # the same step without drafts
-            price = speculator.priced_step_s if speculator is not None else lambda _: None
+            prices = speculator.prices if speculator is not None else None  # None without a profile
+            price = prices.batch_s if prices is not None else lambda _: None
             self._current.update(
                 tokens=tokens, num_decoding=sum(1 for s in batch if s.num_new_tokens == 1),
                 drafted=sum(len(s.draft) for s in batch),

@@ -185,7 +185,7 @@ def test_a_sparse_engines_profile_times_both_attention_paths(loaded_model):
     # n query tokens on one request: its context gathered once, 30 x (256 + n) rows at its last token
     assert [c for _, c, _ in dense] == [30 * (256 + n) for n in PROFILE_TOKENS]
     assert not runner.force_selection and llm.engine.allocator.num_free_slots == llm.engine.allocator.num_slots
-    costs = speculator.attention_costs
+    costs = speculator.prices.attention_costs
     assert costs.dense.context.known and costs.page_list.known and costs.position_s("page_list", 1) > 0
     assert costs.dense.s_per_query_row > 0
     small = LLM(loaded=loaded_model, spec="ngram", spec_tokens=4, verify_budget="adaptive", attention="sparse",
@@ -193,4 +193,4 @@ def test_a_sparse_engines_profile_times_both_attention_paths(loaded_model):
     profile = small.engine.speculator.profile
     assert not profile.dense_attention_points and len(profile.page_list_attention_points) == len(PROFILE_TOKENS)
     assert profile.page_list_attention_points[0][0] == 30 * (7 * 16 + 2 * 17)
-    assert small.engine.speculator.attention_costs.position_s("page_list", 1) > 0
+    assert small.engine.speculator.prices.attention_costs.position_s("page_list", 1) > 0

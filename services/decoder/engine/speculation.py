@@ -33,7 +33,6 @@ from collections.abc import Callable
 import torch
 
 from services.decoder.engine.request import Request
-from services.decoder.engine.scheduler import ScheduledRequest
 from services.decoder.model.attention import AttentionWork
 from services.decoder.spec.confidence_calibration import ConfidenceCalibration
 from services.decoder.spec.depth_survival import DepthSurvival, RequestSurvival
@@ -104,7 +103,6 @@ class Speculator:
         speed = MachineSpeed()  # the machine's, for the target and the drafter alike
         self.prices = None if profile is None else StepPrices(profile, speed, self.query_key_rows)
         self.step_costs = None if profile is None else self.prices.step_costs
-        self.attention_costs = None if profile is None else self.prices.attention_costs
         self.draft_costs = None if profile is None else CalibratedCosts(profile.draft_costs, speed)
         self.realized = RealizedGain()  # promises of the new tables
 
@@ -120,9 +118,8 @@ class Speculator:
         and the rest by the step table. ``decoded``: (requests, tokens committed) of a step in
         which every request decoded (no prefill chunk); a step whose drafter ran reports it
         against the gate's promise (``RealizedGain``). A step the gate sat out (``_rest``) is
-        measured at its next ask, in order (``_catch_up``): nothing reads the estimates between,
-        and one pass over a few steps' measurements costs what one step's did after the forward
-        (every operation there runs cold: ~75 us for ~10 us of work at c=16)."""
+        measured at its next ask, in order (``_catch_up``): after the forward every operation runs
+        cold (~75 us for ~10 us of work at c=16), and nothing reads the estimates between."""
         if self.step_costs is None:
             return
         promise, self._promise = self._promise, None
@@ -150,10 +147,6 @@ class Speculator:
                 self.realized.observe_plain(plain[1], seconds)  # held to the base it was priced at
         is_control = control is not None and decoded is not None and decoded[0] == control
         self.prices.observe(num_tokens, seconds, attention, self.schedule.CONTROL_WEIGHT if is_control else None)
-
-    def priced_step_s(self, batch: list[ScheduledRequest]) -> float | None:
-        """What the budget prices ``batch``'s target pass at (``StepPrices``); None without a profile."""
-        return None if self.prices is None else self.prices.batch_s(batch)
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
         """A verified draft: updates the request's survival against the pooled profile, the
@@ -282,8 +275,9 @@ class Speculator:
         per_position_s = self.profile.draft_s_per_position(len(drafting))
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         for max_tokens in dict.fromkeys((tuple(probe), tuple(max_tokens))):  # probe's, then all
-            plan = self._plan(self._decoding, drafting, [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)],
-                              draft_s, self.realized.required_gain(self.MIN_GAIN), per_position_s, headroom * per_position_s)
+            survivals = [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)]
+            plan = self._plan(self._decoding, drafting, survivals, draft_s, self.realized.required_gain(self.MIN_GAIN),
+                              per_position_s, headroom * per_position_s)
             if any(plan.lengths):
                 break
         predicted = plan.lengths
@@ -306,12 +300,11 @@ class Speculator:
         return [drafting[i] for i in keep], asks, plan
 
     def _could_lengthen(self, request: Request, length: int, rate: float, position_s: float) -> bool:
-        """Whether verifying one more position than ``length`` could pay for ``request`` this step
-        (``rate``: the plan's committed tokens per second; ``position_s``: the step's next row and the
-        drafter's price of it) at the best survival the calibration maps any confidence to (its top
-        bin, per depth): the headroom is asked for only then. At c=1 a step's third row costs 20-27%
-        more than its second, and on code the second position survived 0 of 12 times at the highest
-        confidences: the headroom cost 0.45 ms of every 33 ms step, two-token drafts lost to one-token ones."""
+        """Whether one more position than ``length`` could pay for ``request`` this step (``rate``:
+        the plan's tokens per second; ``position_s``: the step's next row and the drafter's price of
+        it) at the calibration's best survival per depth. At c=1 a third row costs 20-27% more than a
+        second, and on code the second position survived 0 of 12 times at the highest confidences:
+        the headroom cost 0.45 ms of every 33 ms step, two-token drafts lost to one-token ones."""
         alive = math.prod(self.calibration.best(depth) for depth in range(length + 1))
         return alive > rate * (position_s + self.prices.fetch_s_per_position(request)
                                + self.prices.attend_s_per_position(request))
@@ -331,12 +324,13 @@ class Speculator:
         drafts must cost next to nothing (pricing the base took ~35 us of a c=16 step, cold)."""
         self._resting = True
         num_decoding, base_s = self.schedule.asked_base
-        self._skip(candidates, num_running, base_s if num_decoding == len(self._decoding) else self._base_s(self._decoding))
+        if num_decoding != len(self._decoding):
+            base_s = self._base_s(self._decoding)
+        self._skip(candidates, num_running, base_s)
 
     def _catch_up(self) -> None:
-        """Measures the steps the gate sat out (``observe_step``) and relaxes the estimates once
-        for the skipped steps since it last asked, as that many ``relax(COST_RELAX)`` calls would
-        have (only the gate reads them in between)."""
+        """Measures the steps the gate sat out (``observe_step``) and relaxes the estimates once for
+        the steps skipped since it last asked, as that many ``relax(COST_RELAX)`` calls would have."""
         unmeasured, self.schedule.unmeasured = self.schedule.unmeasured, []
         for measurement in unmeasured:
             self._measure(*measurement, control=None)

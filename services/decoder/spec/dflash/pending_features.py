@@ -56,7 +56,7 @@ class PendingFeatures:
         if not sources:
             return []
         targets = self._allocate(len(sources), features)
-        if len(sources) < len(features) or sources != list(range(len(features))):
+        if sources != list(range(len(features))):
             features = features.index_select(0, torch.tensor(sources))  # a decode step's rows are whole
         self.buffer.index_copy_(0, torch.tensor(targets), features)
         held_by, free = self.held, self.free
