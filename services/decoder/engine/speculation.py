@@ -51,10 +51,11 @@ class Speculator:
     # steps where fixed k=1 ran 8, 5 ms dearer)
     LENGTH_HEADROOM = 1
     # the drafter runs only if the step's drafts promise this much more throughput than none (a
-    # margin for the noise of the estimates that picked them). Priced per request count, the model
-    # matches the steps it plans (c=4: committed 508 vs 490 expected, exec 7.07 vs 7.28 s priced),
-    # and a margin of 8% at c=4 kept the drafter off 60% of the steps where fixed k=1 measured
-    # 1.03-1.15x; at c=1 a flat 5% cut dflash from 1.08x to 1.01x
+    # margin for the noise of the estimates that picked them; more with more requests decoding:
+    # ``GateSchedule.extra_gain``). Priced per request count, the model matches the steps it plans
+    # (c=4: committed 508 vs 490 expected, exec 7.07 vs 7.28 s priced), and a margin of 8% at c=4
+    # kept the drafter off 60% of the steps where fixed k=1 measured 1.03-1.15x; at c=1 a flat 5%
+    # cut dflash from 1.08x to 1.01x
     MIN_GAIN = 0.02
     COST_RELAX = 0.02  # of the cost correction and pooled counts undone per skipped step (``relax``)
     def __init__(self, drafter: Drafter, spec_tokens: int,
@@ -149,8 +150,7 @@ class Speculator:
         self.prices.observe(num_tokens, seconds, attention, self.schedule.CONTROL_WEIGHT if is_control else None)
 
     def record(self, request: Request, num_drafted: int, num_accepted: int) -> None:
-        """A verified draft: updates the request's survival against the pooled profile, the
-        profile and, for a drafter with confidences, their calibration."""
+        """A verified draft: the request's survival, the pooled profile and the confidences' calibration."""
         expected, survival = self.depth.expected(num_drafted, num_accepted), self.survival(request)
         self.depth.observe(num_drafted, num_accepted, 1.0 if self.drafter.has_confidences else survival.scale)
         survival.update(num_accepted, expected)
@@ -268,16 +268,16 @@ class Speculator:
         would pay for the drafter's forward, charged once for the call, and limits each to its
         predicted length (+ ``LENGTH_HEADROOM`` with confidences): the drafter then scores only
         those positions (its heads run per position), and confidences may still cut the draft or
-        use the headroom. The required gain is ``MIN_GAIN`` raised by the shortfall of recent
-        drafting steps against their promises (``RealizedGain``). Returns the kept requests, their
-        asks and the gate's plan."""
+        use the headroom. The required gain (``MIN_GAIN`` + ``GateSchedule.extra_gain``) is raised
+        by the shortfall of recent drafting steps against their promises (``RealizedGain``).
+        Returns the kept requests, their asks and the gate's plan."""
         draft_s = self.draft_costs.seconds_at(len(drafting)) + self.realized.context_s  # 1 position each + context
+        min_gain = self.realized.required_gain(self.MIN_GAIN + self.schedule.extra_gain(len(self._decoding)))
         per_position_s = self.profile.draft_s_per_position(len(drafting))
         headroom = self.LENGTH_HEADROOM if self.drafter.has_confidences else 0
         for max_tokens in dict.fromkeys((tuple(probe), tuple(max_tokens))):  # probe's, then all
             survivals = [self._gate_survival(r, n) for r, n in zip(drafting, max_tokens)]
-            plan = self._plan(self._decoding, drafting, survivals, draft_s, self.realized.required_gain(self.MIN_GAIN),
-                              per_position_s, headroom * per_position_s)
+            plan = self._plan(self._decoding, drafting, survivals, draft_s, min_gain, per_position_s, headroom * per_position_s)
             if any(plan.lengths):
                 break
         predicted = plan.lengths
