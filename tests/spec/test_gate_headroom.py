@@ -78,13 +78,6 @@ def test_no_headroom_where_the_second_position_never_survives(monkeypatch):
     assert drafter.asked == [1] and request.draft_ids == [7]
 
 
-def _requests(n: int) -> list:
-    requests = [_decoding_request() for _ in range(n)]
-    for i, request in enumerate(requests):
-        request.request_id = f"r{i}"
-    return requests
-
-
 @pytest.mark.parametrize("num_requests, drafts", [(1, True), (4, True), (5, False), (16, False)])
 def test_the_gain_a_draft_must_promise_rises_with_the_requests_decoding(monkeypatch, num_requests, drafts):
     """A flat 10 ms step and a drafter call of 30/7 ms: one-token drafts at survival 0.5 promise
@@ -92,25 +85,17 @@ def test_the_gain_a_draft_must_promise_rises_with_the_requests_decoding(monkeypa
     MIN_GAIN + GateSchedule.MIN_GAIN_PER_REQUEST x (n - 1) up to 4 requests (1.044), not at 5
     (1.052) or 16."""
     import services.decoder.engine.speculation as speculation
-    from services.decoder.spec.drafter import Draft, Drafter
+    from tests.spec.test_realized_gain import _one_request_speculator
 
     monkeypatch.setattr(speculation.time, "perf_counter", lambda: 0.0)
-
-    class OneToken(Drafter):
-        name = "one-token"
-        prior_acceptance = 0.5
-
-        def propose_batch(self, requests):
-            return [Draft([7] * r.max_tokens) for r in requests]
-
-    speculator = speculation.Speculator(OneToken(), spec_tokens=1)
+    speculator, _, _ = _one_request_speculator()
     call_s = 0.030 / 7
     speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (call_s, call_s)))
     measured_at_prior(speculator.depth)
     assert speculator.schedule.extra_gain(1) == 0.0
     assert speculator.schedule.extra_gain(num_requests) == pytest.approx(
         speculator.schedule.MIN_GAIN_PER_REQUEST * (num_requests - 1))
-    requests = _requests(num_requests)
+    requests = [_decoding_request(f"r{i}") for i in range(num_requests)]
     speculator.propose(requests)
     assert (speculator.promise is not None) is drafts
     assert all(r.draft_ids == ([7] if drafts else []) for r in requests)

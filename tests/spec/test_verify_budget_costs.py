@@ -80,7 +80,7 @@ def test_the_plan_states_what_it_expects_and_what_it_is_priced_at():
 
 
 
-def _decoding_request():
+def _decoding_request(request_id: str = "r"):
     """A request with one pending token (it decodes next) and room for a draft."""
     from services.decoder.engine.request import Request
     from services.decoder.engine.sampling_params import SamplingParams
@@ -91,7 +91,7 @@ def _decoding_request():
             return ""
 
     params = SamplingParams(max_tokens=64)
-    request = Request("r", [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
+    request = Request(request_id, [1, 2, 3], params, StopChecker(Tok(), params, ()), max_model_len=1024)
     request.num_computed_tokens = 2
     return request
 
