@@ -39,6 +39,26 @@ def test_rates_beyond_the_deepest_depth_repeat_it_and_a_scale_is_capped():
     assert depth.rates(2, scale=3.0) == [DepthSurvival.MAX_RATE] * 2
 
 
+def test_depth_0_read_optimistically_adds_its_standard_error_which_widens_while_the_drafter_rests():
+    """``rates(n, scale, optimism)`` raises depth 0 alone by ``optimism`` standard errors of its
+    estimate (its trials and prior pseudo-trials); the counts ``relax`` moves to the long-run pool
+    no longer vouch for it."""
+    import math
+
+    depth = DepthSurvival(prior=0.5, max_depth=2)
+    depth.observe(1, 1)
+    for _ in range(12):
+        depth.observe(2, 0)
+    r0, r1 = depth.rates(2)
+    error = math.sqrt(r0 * (1 - r0) / (13 + DepthSurvival.PRIOR_TRIALS))
+    assert depth.first_error() == pytest.approx(error)
+    assert depth.rates(2, 0.5, optimism=2.0) == pytest.approx([r0 / 2 + 2 * error, r1 / 2])
+    assert depth.rates(2, optimism=0.0) == [r0, r1]
+    depth.relax(0.02, 50)
+    assert depth.trials[0] == pytest.approx(13 * 0.98**50)
+    assert depth.first_error() > 1.4 * error
+
+
 def test_old_counts_are_scaled_down_so_the_profile_follows_a_change_of_text():
     depth = DepthSurvival(prior=0.5, max_depth=1)
     for _ in range(1000):

@@ -1,7 +1,8 @@
 """The positions a drafter with confidences is asked for beyond the gate's predicted length (the
 headroom): priced by the gate, asked only where a longer draft could pay, and a step whose draft
 the confidences lengthened is held to what it runs, not to the gate's shorter promise. And the
-gain the gate asks a draft to promise, which rises with the requests decoding."""
+gain the gate asks a draft to promise, which rises with the requests decoding, against a depth-0
+survival it reads optimistically by its standard error at one request."""
 
 import pytest
 
@@ -45,6 +46,7 @@ def _speculator(monkeypatch):
 
     Confident.asked = []
     speculator = speculation.Speculator(Confident(), spec_tokens=3)
+    speculator.GATE_OPTIMISM = 0.0  # the gate at its point estimate (optimism: the tests below)
     speculator.profile = BudgetProfile(STEP, CostTable((1, 16), (0.0, 0.0)))
     measured_at_prior(speculator.depth)
     return speculator, _decoding_request(), Confident
@@ -99,3 +101,52 @@ def test_the_gain_a_draft_must_promise_rises_with_the_requests_decoding(monkeypa
     speculator.propose(requests)
     assert (speculator.promise is not None) is drafts
     assert all(r.draft_ids == ([7] if drafts else []) for r in requests)
+
+
+def _unsure_speculator(monkeypatch, call_s: float):
+    """A drafter with confidences at a pooled depth-0 survival of 0.2 from 8 (pseudo-)trials
+    (standard error sqrt(0.2 x 0.8 / 8) = 0.141), a flat 10 ms step, a call of ``call_s``."""
+    import services.decoder.engine.speculation as speculation
+    from services.decoder.spec.drafter import Draft, Drafter
+
+    monkeypatch.setattr(speculation.time, "perf_counter", lambda: 0.0)
+
+    class Unsure(Drafter):
+        name = "unsure"
+        prior_acceptance = 0.2
+        has_confidences = True
+
+        def propose_batch(self, requests):
+            return [Draft([7] * r.max_tokens, [0.9] * r.max_tokens) for r in requests]
+
+    speculator = speculation.Speculator(Unsure(), spec_tokens=1)
+    speculator.profile = BudgetProfile(CostTable((1, 64), (0.010, 0.010)), CostTable((1, 16), (call_s, call_s)))
+    measured_at_prior(speculator.depth)
+    assert speculator.depth.rates(1) == pytest.approx([0.2])
+    assert speculator.depth.first_error() == pytest.approx((0.2 * 0.8 / 8) ** 0.5)
+    return speculator
+
+
+@pytest.mark.parametrize("optimism, drafts", [(1.0, True), (0.0, False)])
+def test_one_request_drafts_where_the_upper_bound_of_its_survival_pays(monkeypatch, optimism, drafts):
+    """A 2.5 ms call on a 10 ms step: at the point estimate a one-token draft promises 1.2 tokens
+    in 12.5 ms (0.96x), at one standard error above it 1.341 (1.073x, over the 2% bar). The
+    optimistic gate drafts, and its promise counts the raised survival; the point estimate's does not."""
+    speculator = _unsure_speculator(monkeypatch, call_s=0.0025)
+    speculator.GATE_OPTIMISM = optimism
+    request = _decoding_request()
+    speculator.propose([request])
+    assert (speculator.promise is not None) is drafts
+    assert request.draft_ids == ([7] if drafts else [])
+    if drafts:
+        assert speculator.promise.expected_committed == pytest.approx(1.2 + (0.2 * 0.8 / 8) ** 0.5)
+
+
+def test_the_optimism_is_shared_out_over_the_requests_decoding(monkeypatch):
+    """A free call: two requests draft, each read at 0.2 + half a standard error (with many
+    requests a step's trials come many at once, and the bar holds the noise of large promises)."""
+    speculator = _unsure_speculator(monkeypatch, call_s=0.0)
+    requests = [_decoding_request("a"), _decoding_request("b")]
+    speculator.propose(requests)
+    assert speculator.promise.lengths == [1, 1]
+    assert speculator.promise.expected_committed == pytest.approx(2 + 2 * (0.2 + (0.2 * 0.8 / 8) ** 0.5 / 2))

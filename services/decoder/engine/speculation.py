@@ -52,11 +52,12 @@ class Speculator:
     LENGTH_HEADROOM = 1
     # the drafter runs only if the step's drafts promise this much more throughput than none (a
     # margin for the noise of the estimates that picked them; more with more requests decoding:
-    # ``GateSchedule.extra_gain``). Priced per request count, the model matches the steps it plans
-    # (c=4: committed 508 vs 490 expected, exec 7.07 vs 7.28 s priced), and a margin of 8% at c=4
-    # kept the drafter off 60% of the steps where fixed k=1 measured 1.03-1.15x; at c=1 a flat 5%
-    # cut dflash from 1.08x to 1.01x
+    # ``GateSchedule.extra_gain``): 8% at c=4 kept it off 60% of the steps where fixed k=1 ran
+    # 1.03-1.15x, and a flat 5% at c=1 cut dflash from 1.08x to 1.01x
     MIN_GAIN = 0.02
+    # standard errors above its estimate the gate reads depth 0 at (a drafter with confidences),
+    # shared out over the requests decoding (``GateSchedule``'s docstring: "Optimism")
+    GATE_OPTIMISM = 1.0
     COST_RELAX = 0.02  # of the cost correction and pooled counts undone per skipped step (``relax``)
     def __init__(self, drafter: Drafter, spec_tokens: int,
                  query_key_rows: Callable[[Request], tuple[str, int]] | None = None):
@@ -351,12 +352,13 @@ class Speculator:
     def _gate_survival(self, request: Request, num_positions: int) -> list[float]:
         """The per-position survival the gate predicts a request's draft at. With confidences
         (after the call they say how far each draft survives) the pooled profile times
-        ``RealizedGain.survival_scale``: a request's own survival dips below break-even by chance
-        and skipped steps where drafting paid (c=1: 1.045x vs 1.097x). Without (n-gram) the
+        ``RealizedGain.survival_scale``, depth 0 read ``GATE_OPTIMISM`` high: a request's own
+        survival dips below break-even by chance and skipped steps where drafting paid. Without (n-gram) the
         request's own survival scales the profile, and no outcome-based scale is added (it learnt
         what the profile and the request already learn: code_edit c=1 gated at 0.15 where 0.34 survived)."""
         if self.drafter.has_confidences:
-            return self.depth.rates(num_positions, self.realized.survival_scale)
+            optimism = self.GATE_OPTIMISM / max(len(self._decoding), 1)
+            return self.depth.rates(num_positions, self.realized.survival_scale, optimism)
         return self.depth.rates(num_positions, self.survival(request).scale)
 
     def _base_s(self, decoding: list[Request]) -> float:

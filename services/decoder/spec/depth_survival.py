@@ -38,6 +38,8 @@ fixed 1.153x, as without the pool (1.121x).
 
 from __future__ import annotations
 
+import math
+
 
 class DepthSurvival:
     PRIOR_TRIALS = 4.0
@@ -126,16 +128,27 @@ class DepthSurvival:
             self.survived[depth] *= drop**times
             self._cap(self.long_trials, self.long_survived, depth)
 
-    def rates(self, num_positions: int, scale: float = 1.0) -> list[float]:
+    def rates(self, num_positions: int, scale: float = 1.0, optimism: float = 0.0) -> list[float]:
         """Survival of positions ``0 .. num_positions - 1`` (the deepest counted depth's rate
-        beyond it), each times ``scale`` and at most ``MAX_RATE``."""
+        beyond it), each times ``scale`` and at most ``MAX_RATE``. ``optimism``: depth 0 raised by
+        that many standard errors of its estimate (``first_error``), after the scale."""
         profile, previous = [], self.prior
         for trials, survived, long_trials, long_survived in zip(self.trials, self.survived, self.long_trials,
                                                                 self.long_survived):
             long_run = (long_survived + self.LONG_PRIOR_TRIALS * previous) / (long_trials + self.LONG_PRIOR_TRIALS)
             previous = (survived + self.PRIOR_TRIALS * long_run) / (trials + self.PRIOR_TRIALS)
             profile.append(previous)
-        return [min(profile[min(i, len(profile) - 1)] * scale, self.MAX_RATE) for i in range(num_positions)]
+        rates = [profile[min(i, len(profile) - 1)] * scale for i in range(num_positions)]
+        if rates and optimism:
+            rates[0] += optimism * self.first_error(profile[0])
+        return [min(rate, self.MAX_RATE) for rate in rates]
+
+    def first_error(self, rate: float | None = None) -> float:
+        """The standard error of depth 0's rate (``rate``: that estimate, if computed already),
+        ``sqrt(p (1 - p) / n)`` over its trials and prior pseudo-trials: what ``relax`` moves to
+        the long-run pool no longer vouches for the rate, so it widens while the drafter rests."""
+        rate = self.rates(1)[0] if rate is None else rate
+        return math.sqrt(rate * (1.0 - rate) / (self.trials[0] + self.PRIOR_TRIALS))
 
 
 class RequestSurvival:

@@ -70,6 +70,21 @@ drafts carry ahead finish early, and at a decode's end the rest run in small ste
 traces (dense chat, c=16, 3 rounds, the trailing none as A/A) DSpark's drafting steps promised
 1.09 and delivered 1.01 of the next plain steps, and adaptive engines read 0.97-0.99 of none. At
 4 requests the bar is 4.4%: 1% of DFlash's drafting steps at chat c=4 promised less.
+
+**Optimism.** For a drafter with confidences the gate reads depth 0's survival
+``Speculator.GATE_OPTIMISM`` standard errors above the pooled estimate
+(``DepthSurvival.first_error``), divided by the requests decoding. The drafter's call is the price
+of the only evidence there is, and a point estimate from few trials shut it off for good: DFlash
+on code_edit at c=1, where one-token drafts survive 0.19 over the text but 1 of the first 12 did,
+fell below the bar, then probed every ~20 steps, each failure taking 0.015 off, and sat out most
+of 4 decodes at ~0.14. The error widens as skipped steps relax the counts, so a probe comes
+sooner when little vouches for the estimate. At one request (lockstep, 6 repeats, medians over
+none): dense 1.015x where 1.003x (fixed one-token drafts 1.040x), drafting on 531 of 676 steps
+where 196; sparse 1.020x where 1.000x (fixed 1.035x); chat c=1 and c=4 unchanged within the
+repeats. With many requests a step brings many trials at once and the bar holds the noise of
+large promises: read at a full standard error, sparse chat c=16 drafted on 30 of 380 steps
+(probes as the error widened, decodes' tails) where it never did, and read 0.95-0.99x of none;
+at 1/16 of one it never drafted.
 """
 
 from __future__ import annotations
