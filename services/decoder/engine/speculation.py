@@ -55,7 +55,9 @@ class Speculator:
     # ``GateSchedule.extra_gain``): 8% at c=4 kept it off 60% of the steps where fixed k=1 ran
     # 1.03-1.15x, and a flat 5% at c=1 cut dflash from 1.08x to 1.01x
     MIN_GAIN = 0.02
-    GATE_OPTIMISM = 1.0  # standard errors above its estimate the gate reads depth 0 at (``GateSchedule``: "Optimism")
+    # standard errors above its estimate the gate reads depth 0 at (a drafter with confidences),
+    # shared out over the requests decoding (``GateSchedule``'s docstring: "Optimism")
+    GATE_OPTIMISM = 1.0
     COST_RELAX = 0.02  # of the cost correction and pooled counts undone per skipped step (``relax``)
     def __init__(self, drafter: Drafter, spec_tokens: int,
                  query_key_rows: Callable[[Request], tuple[str, int]] | None = None):
@@ -355,7 +357,7 @@ class Speculator:
         request's own survival scales the profile, and no outcome-based scale is added (it learnt
         what the profile and the request already learn: code_edit c=1 gated at 0.15 where 0.34 survived)."""
         if self.drafter.has_confidences:
-            optimism = self.GATE_OPTIMISM / max(len(self._decoding), 1)  # shared out over the requests
+            optimism = self.GATE_OPTIMISM / max(len(self._decoding), 1)
             return self.depth.rates(num_positions, self.realized.survival_scale, optimism)
         return self.depth.rates(num_positions, self.survival(request).scale)
 
